@@ -1,0 +1,38 @@
+"""tasklock: one-at-a-time Celery tasks and RQ jobs on Redis locks that stay correct when workers
+crash, pause or run for hours.
+
+``import tasklock`` imports no framework: the Celery, RQ and Django adapters live in
+``tasklock.celery``, ``tasklock.rq`` and ``tasklock.django`` and are imported only when used.
+"""
+
+from tasklock.core.lock import Lock
+from tasklock.errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    DuplicateJob,
+    DuplicateTask,
+    DuplicateTaskError,
+    KeyEncodingError,
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    QuorumNotReached,
+    TaskLockError,
+)
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "BackendUnavailable",
+    "ConfigurationError",
+    "DuplicateJob",
+    "DuplicateTask",
+    "DuplicateTaskError",
+    "KeyEncodingError",
+    "Lock",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "QuorumNotReached",
+    "TaskLockError",
+]

@@ -1,0 +1,1 @@
+"""The framework-free lock core: imports nothing from Celery, RQ or Django."""

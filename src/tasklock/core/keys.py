@@ -1,0 +1,40 @@
+"""Names derived from a lock name: its fence counter and its wake-up channel.
+
+The fence counter must live in the same Redis Cluster slot as the lock, because the acquire script
+touches both. Redis hashes only the part between the first ``{`` and the next ``}`` when that part
+is non-empty (the hash tag), so:
+
+* a name that has a hash tag keeps it: ``jobs:{acct-42}:lock`` -> ``jobs:{acct-42}:lock:fence``;
+* a name without one is wrapped so its whole text becomes the tag: ``report`` -> ``{report}:fence``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["fence_key_for", "hash_tag", "wake_channel"]
+
+WAKE_PREFIX = "tasklock:wake:"
+
+
+def hash_tag(name: str) -> str | None:
+    """The hash tag Redis Cluster would use for ``name``, or None if the whole name is hashed."""
+    start = name.find("{")
+    if start < 0:
+        return None
+    end = name.find("}", start + 1)
+    if end <= start + 1:
+        return None
+    return name[start + 1 : end]
+
+
+def fence_key_for(name: str) -> str:
+    """The default fence counter key of lock ``name`` (same cluster slot as ``name``)."""
+    if hash_tag(name) is not None or "}" in name:
+        # A tagged name keeps its tag. A name with a stray "}" and no tag cannot be wrapped
+        # (the tag would end at that brace); it is only a concern on Redis Cluster.
+        return f"{name}:fence"
+    return f"{{{name}}}:fence"
+
+
+def wake_channel(name: str) -> str:
+    """The pub/sub channel on which a release of ``name`` wakes waiters."""
+    return WAKE_PREFIX + name

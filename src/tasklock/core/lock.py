@@ -1,0 +1,122 @@
+"""The single-instance lock: one Redis, one round trip to acquire, fenced.
+
+Acquire runs one script that does the SET NX PX and, on success, INCRs the fence counter, so every
+hold gets a fencing token that is strictly larger than any earlier hold's, at the cost of no extra
+round trip. Release and extend are owner-checked scripts. While waiting, a blocked acquire is woken
+by the release's PUBLISH.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tasklock.core.base import Attempt, BaseLock, Number, _Waiter
+from tasklock.core.connection import backend_errors
+from tasklock.core.keys import fence_key_for, wake_channel
+from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE
+from tasklock.core.wakeup import hub_for
+from tasklock.core.watchdog import Outcome, Renewal
+from tasklock.errors import ConfigurationError
+
+__all__ = ["Lock"]
+
+
+def _judge_single(results: list[Any], elapsed: float) -> Outcome:
+    answer = results[0]
+    if isinstance(answer, BaseException):
+        return Outcome.UNREACHABLE
+    return Outcome.RENEWED if answer else Outcome.LOST
+
+
+class Lock(BaseLock):
+    """A Redis lock with a TTL that is always set, fencing tokens, a watchdog and fast wake-up.
+
+    Interface-compatible with :class:`redis.lock.Lock`, so it also works as
+    ``redis.Redis.lock(name, lock_class=tasklock.Lock)``. Differences, by design:
+
+    * ``timeout=None`` does not mean "never expires": the lock gets a 30 s TTL that the watchdog
+      renews while it is held, so a crashed holder frees it within 30 s.
+    * An explicit ``timeout`` keeps redis-py's meaning (expires after that many seconds unless
+      extended); pass ``watchdog=True`` to have it renewed as well.
+    * :attr:`fence` is the fencing token of the current hold, strictly increasing per lock (per
+      ``fence_key`` when several locks share a counter).
+
+    Extra keyword-only parameters: ``fence_key`` (counter key; default ``{name}:fence`` in the
+    lock's cluster slot), ``watchdog``, ``on_lost`` (called with the lock, from the watchdog thread,
+    when a held lock is found gone) and ``owner_info`` (added to the readable owner metadata).
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str,
+        timeout: Number | None = None,
+        sleep: Number = 0.1,
+        blocking: bool = True,
+        blocking_timeout: Number | None = None,
+        thread_local: bool = True,
+        raise_on_release_error: bool = True,
+        *,
+        fence_key: str | None = None,
+        watchdog: bool | None = None,
+        on_lost: Callable[[BaseLock], Any] | None = None,
+        owner_info: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            timeout,
+            sleep,
+            blocking,
+            blocking_timeout,
+            thread_local,
+            raise_on_release_error,
+            watchdog=watchdog,
+            on_lost=on_lost,
+            owner_info=owner_info,
+        )
+        if redis is None or not hasattr(redis, "execute_command"):
+            raise ConfigurationError(
+                f"redis must be a redis-py client (redis.Redis), got {type(redis).__name__}"
+            )
+        if fence_key is not None and (not isinstance(fence_key, str) or not fence_key):
+            raise ConfigurationError(f"fence_key must be a non-empty string, got {fence_key!r}")
+        self.redis = redis
+        self.fence_key = fence_key or fence_key_for(self.name)
+        self._keys = (self.name, self.fence_key)
+        self._ttl_ms = max(1, int(self.ttl * 1000))
+        self._channel = wake_channel(self.name)
+
+    def _attempt(self, token: str) -> Attempt:
+        with backend_errors(self.redis, f"acquiring lock {self.name!r}"):
+            ok, number = ACQUIRE(self.redis, self._keys, (token, self._ttl_ms))
+        if ok:
+            return Attempt(True, f"{token}#{number}".encode(), int(number))
+        return Attempt(False, holder_ttl=number / 1000 if number >= 0 else None)
+
+    def _release_value(self, value: bytes) -> bool:
+        with backend_errors(self.redis, f"releasing lock {self.name!r}"):
+            return bool(RELEASE(self.redis, (self.name,), (value, self._channel)))
+
+    def _extend_value(self, value: bytes, seconds: float, replace: bool) -> bool:
+        ms = max(1, int(seconds * 1000))
+        with backend_errors(self.redis, f"extending lock {self.name!r}"):
+            return bool(EXTEND(self.redis, (self.name,), (value, ms, "1" if replace else "0")))
+
+    def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
+        call = (self.redis, EXTEND, (self.name,), (value, self._ttl_ms, "1"))
+        return Renewal(self.name, self.ttl, [call], _judge_single, on_lost)
+
+    def _waiter(self) -> _Waiter:
+        return hub_for(self.redis).watch(self._channel)
+
+    def locked(self) -> bool:
+        with backend_errors(self.redis, f"reading lock {self.name!r}"):
+            return bool(self.redis.exists(self.name))
+
+    def _stored_value_is(self, value: bytes) -> bool:
+        with backend_errors(self.redis, f"reading lock {self.name!r}"):
+            stored = self.redis.get(self.name)
+        if isinstance(stored, str):
+            stored = stored.encode()
+        return stored == value

@@ -1,0 +1,79 @@
+"""Owner tokens: 128 random bits from :mod:`secrets`, plus who holds the lock, readably.
+
+A token looks like ``9f1c…e2 {"host":"web-1","pid":4242,"task":"3b7…"}``. The random part makes it
+unguessable and unique; the JSON part lets an operator (``tasklock ls``) see which host, process and
+task holds a lock. The stored lock value adds ``#<fence>`` (see :mod:`tasklock.core.scripts`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Holder", "new_token", "parse_value"]
+
+_meta_cache: tuple[int, str] | None = None
+
+
+def _process_meta() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _base_meta_json() -> str:
+    # Cached per pid: hostname lookups are not free and a forked child must not report its parent.
+    global _meta_cache
+    pid = os.getpid()
+    if _meta_cache is None or _meta_cache[0] != pid:
+        _meta_cache = (pid, json.dumps(_process_meta(), separators=(",", ":")))
+    return _meta_cache[1]
+
+
+def new_token(extra: Mapping[str, Any] | None = None) -> str:
+    """A fresh owner token; ``extra`` (e.g. ``{"task": task_id}``) is added to the metadata."""
+    if extra:
+        meta = json.dumps({**_process_meta(), **extra}, separators=(",", ":"), default=str)
+    else:
+        meta = _base_meta_json()
+    return f"{secrets.token_hex(16)} {meta}"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What a lock value says about its holder."""
+
+    value: str
+    token: str
+    fence: int | None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.meta.items()]
+        if self.fence is not None:
+            parts.append(f"fence={self.fence}")
+        return " ".join(parts) or self.token
+
+
+def parse_value(value: bytes | str) -> Holder:
+    """Read a stored lock value; values written by other lock libraries parse as a bare token."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    body, sep, fence_text = text.rpartition("#")
+    fence: int | None = None
+    if sep and fence_text.isdigit():
+        fence = int(fence_text)
+    else:
+        body = text
+    token, _, meta_text = body.partition(" ")
+    meta: dict[str, Any] = {}
+    if meta_text:
+        try:
+            loaded = json.loads(meta_text)
+        except ValueError:
+            loaded = None
+        if isinstance(loaded, dict):
+            meta = loaded
+    return Holder(value=text, token=token, fence=fence, meta=meta)

@@ -1,0 +1,174 @@
+"""Every Lua script tasklock runs, in one place.
+
+Each script has a header naming its KEYS, ARGV and return value. Scripts are sent by SHA1
+(EVALSHA); a server that answers NOSCRIPT (new server, restart, SCRIPT FLUSH) gets ``SCRIPT LOAD``
+once and the call is repeated. Nothing is cached globally per client: the SHA is a pure function of
+the source, and which server has loaded what is the server's business, so one Lock class works with
+any number of clients (redis-py caches its Script objects on the class, bound to the first client).
+
+Lock values have the form ``<owner token>#<fence>``: the owner token is random (see
+:mod:`tasklock.core.owner`) and the fence is the token issued with this hold, so a single GET tells
+an operator who holds a lock and with which fence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+__all__ = [
+    "ACQUIRE",
+    "EXTEND",
+    "REDLOCK_ACQUIRE",
+    "REDLOCK_FENCE",
+    "RELEASE",
+    "Script",
+]
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+
+    def __call__(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run on ``client`` (a redis-py client): one EVALSHA, and a load + retry on NOSCRIPT."""
+        try:
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            client.execute_command("SCRIPT", "LOAD", self.source)
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
+        """Queue on a pipeline; the caller handles NOSCRIPT results (see :func:`run_batch`)."""
+        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+def run_batch(client: Any, calls: Sequence[tuple[Script, Sequence[Any], Sequence[Any]]]) -> list[Any]:
+    """Run many script calls in one pipelined round trip (no MULTI).
+
+    Results come back in order; an error for one call is returned in its place (not raised) so one
+    bad key cannot hide the others' results. NOSCRIPT results are retried once after loading.
+    A connection error is raised: the whole batch did not get an answer.
+    """
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in calls:
+        script.queue(pipe, keys, args)
+    results: list[Any] = list(pipe.execute(raise_on_error=False))
+    missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+    if missing:
+        for script in {calls[i][0] for i in missing}:
+            client.execute_command("SCRIPT", "LOAD", script.source)
+        retry = client.pipeline(transaction=False)
+        for i in missing:
+            script, keys, args = calls[i]
+            script.queue(retry, keys, args)
+        for i, result in zip(missing, retry.execute(raise_on_error=False), strict=True):
+            results[i] = result
+    return results
+
+
+# KEYS[1] lock key, KEYS[2] fence counter
+# ARGV[1] owner token, ARGV[2] TTL in ms
+# Returns {1, fence} when acquired (the value stored is "<token>#<fence>"), or {0, pttl} when the
+# lock is held (pttl of the holder's key, -1 if it has no TTL).
+ACQUIRE = Script(
+    "acquire",
+    """
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then
+  return {0, pttl}
+end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '#' .. fence, 'PX', ARGV[2])
+return {1, fence}
+""",
+)
+
+# KEYS[1] lock key
+# ARGV[1] the value this owner stored, ARGV[2] channel to publish the release on
+# Returns 1 when released (and waiters were told), 0 when the value did not match (not owned).
+# Also used by `tasklock release --force` with the value the operator was shown, so a lock that was
+# re-acquired in between is not broken by mistake.
+RELEASE = Script(
+    "release",
+    """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], KEYS[1])
+  return 1
+end
+return 0
+""",
+)
+
+# KEYS[1] lock key
+# ARGV[1] the value this owner stored, ARGV[2] milliseconds, ARGV[3] "1" = set the TTL to ARGV[2],
+# "0" = add ARGV[2] to the remaining TTL
+# Returns the new TTL in ms when the lock is still this owner's, 0 when it is not.
+EXTEND = Script(
+    "extend",
+    """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local ttl = tonumber(ARGV[2])
+if ARGV[3] == '0' then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl < 0 then
+    return 0
+  end
+  ttl = ttl + pttl
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+return ttl
+""",
+)
+
+# Redlock round 1, on every node.
+# KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] owner token, ARGV[2] TTL in ms
+# Returns {1, counter} when SET NX succeeded (counter: this node's fence counter, 0 if none yet),
+# {0, pttl} when the key is held.
+REDLOCK_ACQUIRE = Script(
+    "redlock_acquire",
+    """
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then
+  return {0, pttl}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+""",
+)
+
+# Redlock round 2, on the nodes acquired in round 1.
+# KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] owner token, ARGV[2] fence t
+# If this node still holds our token: counter = max(counter, t), and the stored value becomes
+# "<token>#<t>" keeping its TTL. Returns 1, or 0 when the token is no longer ours.
+REDLOCK_FENCE = Script(
+    "redlock_fence",
+    """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local t = tonumber(ARGV[2])
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+if t > current then
+  redis.call('SET', KEYS[2], t)
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl <= 0 then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '#' .. ARGV[2], 'PX', pttl)
+return 1
+""",
+)

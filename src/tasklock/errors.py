@@ -1,0 +1,111 @@
+"""Every error tasklock raises, under one root.
+
+Catch :class:`TaskLockError` to catch them all. Lock errors also subclass redis-py's own lock
+errors, so code written against ``redis.lock.Lock`` keeps working when handed a
+:class:`tasklock.Lock`; :class:`BackendUnavailable` subclasses redis-py's ``ConnectionError`` for
+the same reason, and :class:`ConfigurationError` / :class:`KeyEncodingError` subclass
+``ValueError`` / ``TypeError`` so generic handlers still see what kind of mistake it was::
+
+    TaskLockError
+    ├── ConfigurationError        (ValueError)  a bad option, named
+    ├── KeyEncodingError          (TypeError)   a task argument that cannot be part of a key
+    ├── BackendUnavailable        (redis.ConnectionError)  Redis did not answer: URL + what to check
+    │   └── QuorumNotReached      Redlock: too few masters answered; which ones and why
+    ├── LockError                 (redis.exceptions.LockError)
+    │   └── LockNotOwnedError     (redis.exceptions.LockNotOwnedError)
+    │       └── LockLostError     the watchdog found the lock gone while it was held
+    └── DuplicateTaskError        another call with the same key is running
+        ├── DuplicateTask         Celery (picklable, survives the result backend)
+        └── DuplicateJob          RQ
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.exceptions as redis_errors
+
+__all__ = [
+    "BackendUnavailable",
+    "ConfigurationError",
+    "DuplicateJob",
+    "DuplicateTask",
+    "DuplicateTaskError",
+    "KeyEncodingError",
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "QuorumNotReached",
+    "TaskLockError",
+]
+
+
+class TaskLockError(Exception):
+    """Root of every error raised by tasklock."""
+
+
+class ConfigurationError(TaskLockError, ValueError):
+    """An option or setting is wrong. The message names the option and the accepted values."""
+
+
+class KeyEncodingError(TaskLockError, TypeError):
+    """A task argument cannot be encoded into a lock key (the message names it and its type)."""
+
+
+class BackendUnavailable(TaskLockError, redis_errors.ConnectionError):
+    """Redis could not be reached or did not answer in time.
+
+    The message names the server and what to check; the redis-py error is chained as
+    ``__cause__``.
+    """
+
+
+class QuorumNotReached(BackendUnavailable):
+    """Redlock could not reach a majority of masters; ``failures`` maps each node to its error."""
+
+    def __init__(self, message: str, failures: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = dict(failures or {})
+
+
+class LockError(TaskLockError, redis_errors.LockError):
+    """A lock operation was used wrongly (released twice, not held, cannot be acquired)."""
+
+    def __init__(self, message: str | None = None, lock_name: str | None = None) -> None:
+        super().__init__(message, lock_name=lock_name)
+
+
+class LockNotOwnedError(LockError, redis_errors.LockNotOwnedError):
+    """The lock is no longer held by this owner (it expired, or someone else holds it)."""
+
+
+class LockLostError(LockNotOwnedError):
+    """The watchdog found the lock gone, or could not renew it before its TTL ran out."""
+
+
+class DuplicateTaskError(TaskLockError):
+    """A call with the same lock key is already running.
+
+    ``key`` is the lock key and ``holder`` a readable description of who holds it. Arguments are
+    kept in ``args`` in constructor order so the error pickles and survives result backends.
+    """
+
+    def __init__(self, message: str, key: str | None = None, holder: str | None = None) -> None:
+        super().__init__(message, key, holder)
+        self.message = message
+        self.key = key
+        self.holder = holder
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.key, self.holder))
+
+
+class DuplicateTask(DuplicateTaskError):
+    """Celery: raised by a singleton task with ``on_duplicate="raise"``."""
+
+
+class DuplicateJob(DuplicateTaskError):
+    """RQ: raised by a singleton job with ``on_duplicate="raise"``."""

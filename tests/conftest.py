@@ -1,0 +1,62 @@
+"""Shared fixtures: real redis-server processes, one per test module (N for Redlock tests).
+
+The Celery fixtures come from ``celery.contrib.pytest`` (``-p no:celery`` in the pytest options
+keeps pytest-celery 1.x's Docker-based plugin out, should it be installed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.support.servers import RedisServer, start_servers
+
+# The core tests run without Celery installed; with it, its in-process worker fixtures load.
+pytest_plugins = ("celery.contrib.pytest",) if importlib.util.find_spec("celery") else ()
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """One real redis-server for the whole module."""
+    with start_servers(1) as servers:
+        yield servers[0]
+
+
+@pytest.fixture
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client to the module's server, emptied before each test."""
+    if not redis_server.running:
+        redis_server.start()
+    elif redis_server.paused:
+        redis_server.resume()
+    client = redis_server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def redis_nodes_5() -> Iterator[list[RedisServer]]:
+    """Five independent redis-server processes (Redlock masters) for the module."""
+    with start_servers(5) as servers:
+        yield servers
+
+
+@pytest.fixture
+def nodes(redis_nodes_5: list[RedisServer]) -> Iterator[list[RedisServer]]:
+    """The module's five masters, all running and empty before each test."""
+    for server in redis_nodes_5:
+        if not server.running:
+            server.start()
+        elif server.paused:
+            server.resume()
+        client = server.client()
+        client.flushall()
+        client.close()
+    yield redis_nodes_5
+    for server in redis_nodes_5:
+        if server.paused:
+            server.resume()
