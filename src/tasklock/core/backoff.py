@@ -41,4 +41,4 @@ class Backoff:
             delay = min(delay, holder_ttl + 0.001 + 0.01 * self.rng.random())
         if remaining is not None:
             delay = min(delay, remaining)
-        return max(0.0, delay)
+        return max(0.0, float(delay))

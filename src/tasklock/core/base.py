@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol, Self
 
 from tasklock.core.backoff import Backoff
 from tasklock.core.clock import clock
-from tasklock.core.owner import new_token
+from tasklock.core.owner import Holder, new_token, parse_value
 from tasklock.core.watchdog import Renewal, get_watchdog
 from tasklock.errors import ConfigurationError, LockError, LockLostError, LockNotOwnedError
 
@@ -149,6 +149,17 @@ class BaseLock:
 
     def _stored_value_is(self, value: bytes) -> bool:
         raise NotImplementedError
+
+    def _peek(self) -> tuple[bytes | None, int | None]:
+        """The stored value (any owner) and its PTTL in ms, or (None, None) when free."""
+        raise NotImplementedError
+
+    def peek(self) -> tuple[Holder | None, float | None]:
+        """Who holds this lock name now, whoever it is, and for how many more seconds."""
+        value, pttl = self._peek()
+        if value is None:
+            return None, None
+        return parse_value(value), (pttl / 1000 if pttl is not None and pttl >= 0 else None)
 
     # -- holds ---------------------------------------------------------------------------------
     def _hold(self) -> _Hold | None:

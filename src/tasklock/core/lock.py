@@ -112,11 +112,21 @@ class Lock(BaseLock):
 
     def locked(self) -> bool:
         with backend_errors(self.redis, f"reading lock {self.name!r}"):
-            return bool(self.redis.exists(self.name))
+            return int(self.redis.exists(self.name)) > 0
+
+    def _peek(self) -> tuple[bytes | None, int | None]:
+        with backend_errors(self.redis, f"reading lock {self.name!r}"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.get(self.name)
+            pipe.pttl(self.name)
+            value, pttl = pipe.execute()
+        if value is None:
+            return None, None
+        return (value.encode() if isinstance(value, str) else value), int(pttl)
 
     def _stored_value_is(self, value: bytes) -> bool:
         with backend_errors(self.redis, f"reading lock {self.name!r}"):
             stored = self.redis.get(self.name)
         if isinstance(stored, str):
             stored = stored.encode()
-        return stored == value
+        return bool(stored == value)

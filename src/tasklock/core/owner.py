@@ -1,6 +1,7 @@
 """Owner tokens: 128 random bits from :mod:`secrets`, plus who holds the lock, readably.
 
-A token looks like ``9f1c…e2 {"host":"web-1","pid":4242,"task":"3b7…"}``. The random part makes it
+A token looks like ``9f1c…e2 {"host":"web-1","pid":4242,"at":1795000000.123,"task":"3b7…"}``
+(``at``: wall-clock time of the acquisition, for display and sorting only). The random part makes it
 unguessable and unique; the JSON part lets an operator (``tasklock ls``) see which host, process and
 task holds a lock. The stored lock value adds ``#<fence>`` (see :mod:`tasklock.core.scripts`).
 """
@@ -11,6 +12,7 @@ import json
 import os
 import secrets
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,22 +26,22 @@ def _process_meta() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
-def _base_meta_json() -> str:
+def _base_meta_prefix() -> str:
     # Cached per pid: hostname lookups are not free and a forked child must not report its parent.
+    # The JSON object is left open so the acquisition time can be appended without re-encoding.
     global _meta_cache
     pid = os.getpid()
     if _meta_cache is None or _meta_cache[0] != pid:
-        _meta_cache = (pid, json.dumps(_process_meta(), separators=(",", ":")))
+        _meta_cache = (pid, json.dumps(_process_meta(), separators=(",", ":"))[:-1])
     return _meta_cache[1]
 
 
 def new_token(extra: Mapping[str, Any] | None = None) -> str:
     """A fresh owner token; ``extra`` (e.g. ``{"task": task_id}``) is added to the metadata."""
+    meta = f'{_base_meta_prefix()},"at":{time.time():.3f}'
     if extra:
-        meta = json.dumps({**_process_meta(), **extra}, separators=(",", ":"), default=str)
-    else:
-        meta = _base_meta_json()
-    return f"{secrets.token_hex(16)} {meta}"
+        meta += "," + json.dumps(dict(extra), separators=(",", ":"), default=str)[1:-1]
+    return f"{secrets.token_hex(16)} {meta}}}"
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class Holder:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.meta.items()]
+        parts = [f"{k}={v}" for k, v in self.meta.items() if k != "at"]
         if self.fence is not None:
             parts.append(f"fence={self.fence}")
         return " ".join(parts) or self.token

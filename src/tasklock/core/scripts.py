@@ -22,6 +22,8 @@ from redis.exceptions import NoScriptError
 
 __all__ = [
     "ACQUIRE",
+    "CLAIM",
+    "DELETE_IF",
     "EXTEND",
     "REDLOCK_ACQUIRE",
     "REDLOCK_FENCE",
@@ -52,7 +54,9 @@ class Script:
         pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
-def run_batch(client: Any, calls: Sequence[tuple[Script, Sequence[Any], Sequence[Any]]]) -> list[Any]:
+def run_batch(
+    client: Any, calls: Sequence[tuple[Script, Sequence[Any], Sequence[Any]]]
+) -> list[Any]:
     """Run many script calls in one pipelined round trip (no MULTI).
 
     Results come back in order; an error for one call is returned in its place (not raised) so one
@@ -130,6 +134,31 @@ if ARGV[3] == '0' then
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return ttl
+""",
+)
+
+# Enqueue-time marker (dedupe_enqueue): claim it for a task id unless another is pending.
+# KEYS[1] marker key; ARGV[1] task id, ARGV[2] TTL in ms
+# Returns false (nil) when claimed, else the id of the task already pending.
+CLAIM = Script(
+    "claim",
+    """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return false
+end
+return redis.call('GET', KEYS[1])
+""",
+)
+
+# Clear an enqueue-time marker only if it is still ours.
+# KEYS[1] marker key; ARGV[1] task id. Returns 1 when deleted, 0 otherwise.
+DELETE_IF = Script(
+    "delete_if",
+    """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
 """,
 )
 

@@ -102,13 +102,13 @@ class WakeupHub:
             if isinstance(channel, str):
                 channel = channel.encode()
             with self._lock:
-                entry = self._channels.get(channel) if channel is not None else None
-                if entry is None:
+                found = self._channels.get(channel) if channel is not None else None
+                if found is None:
                     continue
                 if kind == "subscribe":
-                    entry.confirmed.set()
+                    found.confirmed.set()
                 elif kind == "message":
-                    for waiter in entry.waiters:
+                    for waiter in found.waiters:
                         waiter.set()
 
 

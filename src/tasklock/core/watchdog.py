@@ -32,7 +32,7 @@ from typing import Any
 from tasklock.core.clock import clock
 from tasklock.core.scripts import Script, run_batch
 
-__all__ = ["Outcome", "Renewal", "RenewCall", "Watchdog", "get_watchdog"]
+__all__ = ["Outcome", "RenewCall", "Renewal", "Watchdog", "get_watchdog"]
 
 log = logging.getLogger("tasklock.watchdog")
 

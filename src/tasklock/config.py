@@ -1,0 +1,338 @@
+"""Task options: their names, defaults, validation, and where their values come from.
+
+The same option names work in every adapter (Celery, RQ, Django's ``TASKLOCK`` in upper case).
+Precedence, highest first::
+
+    options given on the task  >  Django TASKLOCK  >  Celery app.conf (tasklock_*)  >  environment
+    (TASKLOCK_URL, TASKLOCK_URLS, TASKLOCK_KEY_PREFIX)  >  defaults
+
+Options on the task are validated when the task is decorated, so a typo fails at import time, not
+at 3 a.m. in a worker. The other sources are read lazily on first use (and again after Django's
+``override_settings``), because a worker may import task modules before settings are ready.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasklock.core.connection import validate_url
+from tasklock.errors import ConfigurationError
+
+__all__ = [
+    "DEFAULTS",
+    "OPTION_NAMES",
+    "TASK_ONLY_OPTIONS",
+    "Problem",
+    "TaskOptions",
+    "check_options",
+    "resolve_options",
+    "validate_options",
+]
+
+ON_DUPLICATE = ("skip", "raise", "retry", "wait")
+ON_WAIT_TIMEOUT = ("skip", "raise", "retry")
+ON_BACKEND_ERROR = ("raise", "run")
+DEFAULT_FENCE_KEYWORD = "fence_token"
+
+DEFAULTS: dict[str, Any] = {
+    "ttl": 30.0,
+    "key": None,
+    "on_duplicate": "skip",
+    "wait_timeout": 30.0,
+    "on_wait_timeout": "raise",
+    "fencing": False,
+    "dedupe_enqueue": False,
+    "pending_ttl": 3600.0,
+    "watchdog": True,
+    "on_backend_error": "raise",
+    "url": None,
+    "urls": None,
+    "key_prefix": "tasklock",
+}
+OPTION_NAMES: tuple[str, ...] = tuple(sorted(DEFAULTS))
+#: Options that describe one task's signature; they make no sense as project-wide settings.
+TASK_ONLY_OPTIONS = ("fencing", "key")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a set of options; Django checks turn these into E/W messages."""
+
+    option: str
+    message: str
+    hint: str
+    code: str  # stable id suffix, e.g. "E003"
+    warning: bool = False
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _url_problem(option: str, value: Any) -> str | None:
+    try:
+        validate_url(value, option)
+    except ConfigurationError as exc:
+        return str(exc)
+    return None
+
+
+def check_options(
+    options: Mapping[str, Any], source: str = "options", *, project_wide: bool = False
+) -> list[Problem]:
+    """Every problem in ``options`` (lower-case option names), without raising.
+
+    ``project_wide``: the options come from settings that apply to every task (Django, Celery
+    app.conf, environment), where the per-task ``key`` and ``fencing`` are errors.
+    """
+    problems: list[Problem] = []
+
+    def bad(option: str, message: str, hint: str, code: str, warning: bool = False) -> None:
+        problems.append(Problem(option, f"{source}: {message}", hint, code, warning))
+
+    if project_wide:
+        for name in TASK_ONLY_OPTIONS:
+            if name in options:
+                bad(
+                    name,
+                    f"{name!r} describes one task's arguments and cannot be a project-wide setting",
+                    f"pass {name}=... on the task decorator",
+                    "E008",
+                )
+
+    for name in options:
+        if name not in DEFAULTS:
+            bad(
+                name,
+                f"unknown option {name!r}",
+                f"valid options: {', '.join(OPTION_NAMES)}",
+                "E001",
+            )
+
+    def get(name: str) -> Any:
+        return options.get(name)
+
+    for name in ("ttl", "pending_ttl"):
+        if name in options and (not _is_number(get(name)) or get(name) <= 0):
+            bad(
+                name,
+                f"{name} must be a number of seconds > 0, got {get(name)!r}",
+                "e.g. 30",
+                "E002",
+            )
+    if "ttl" in options and _is_number(get("ttl")) and 0 < get("ttl") < 1:
+        bad("ttl", f"ttl={get('ttl')!r} s is very short", "keep ttl >= 1 s", "W001", warning=True)
+    if "wait_timeout" in options and get("wait_timeout") is not None:
+        value = get("wait_timeout")
+        if not _is_number(value) or value < 0:
+            bad("wait_timeout", f"wait_timeout must be seconds >= 0, got {value!r}", "", "E002")
+    for name, choices in (
+        ("on_duplicate", ON_DUPLICATE),
+        ("on_wait_timeout", ON_WAIT_TIMEOUT),
+        ("on_backend_error", ON_BACKEND_ERROR),
+    ):
+        if name in options and get(name) not in choices:
+            bad(
+                name,
+                f"{name} must be one of {', '.join(map(repr, choices))}, got {get(name)!r}",
+                f"use one of {', '.join(choices)}",
+                "E003",
+            )
+    if get("on_backend_error") == "run":
+        bad(
+            "on_backend_error",
+            "on_backend_error='run' runs tasks unlocked while Redis is unreachable",
+            "use it only for work that is safe to run twice",
+            "W002",
+            warning=True,
+        )
+    for name in ("dedupe_enqueue", "watchdog"):
+        if name in options and not isinstance(get(name), bool):
+            bad(name, f"{name} must be True or False, got {get(name)!r}", "", "E004")
+    if get("watchdog") is False:
+        bad(
+            "watchdog",
+            "watchdog=False: a task that runs longer than ttl loses its lock",
+            "keep the watchdog on, or set ttl above the longest run",
+            "W003",
+            warning=True,
+        )
+    if "fencing" in options:
+        fencing = get("fencing")
+        if not isinstance(fencing, bool) and not (
+            isinstance(fencing, str) and fencing.isidentifier()
+        ):
+            bad(
+                "fencing",
+                f"fencing must be True, False or a keyword name, got {fencing!r}",
+                "",
+                "E004",
+            )
+    key = get("key")
+    if key is not None and not callable(key):
+        if isinstance(key, str) or not isinstance(key, Sequence):
+            bad(
+                "key",
+                f"key must be None, a list of argument names or a callable, got {key!r}",
+                "e.g. key=['account_id']",
+                "E005",
+            )
+        elif not all(isinstance(k, str) and k for k in key):
+            bad("key", f"key must list argument names (strings), got {key!r}", "", "E005")
+    if "key_prefix" in options and (
+        not isinstance(get("key_prefix"), str) or not get("key_prefix")
+    ):
+        bad(
+            "key_prefix",
+            f"key_prefix must be a non-empty string, got {get('key_prefix')!r}",
+            "",
+            "E004",
+        )
+    if get("url") is not None:
+        message = _url_problem("url", get("url"))
+        if message:
+            bad("url", message, "e.g. redis://localhost:6379/0", "E006")
+    if get("urls") is not None:
+        urls = get("urls")
+        if isinstance(urls, str) or not isinstance(urls, Sequence) or not urls:
+            bad("urls", f"urls must be a non-empty list of Redis URLs, got {urls!r}", "", "E006")
+        else:
+            for index, url in enumerate(urls):
+                message = _url_problem(f"urls[{index}]", url)
+                if message:
+                    bad("urls", message, "e.g. redis://node-1:6379/0", "E006")
+            if len(set(urls)) != len(urls):
+                bad("urls", f"urls lists the same server twice: {list(urls)!r}", "", "E006")
+            elif len(urls) == 2:
+                bad(
+                    "urls",
+                    "urls has 2 masters: Redlock needs both (quorum 2 of 2), so it tolerates no "
+                    "failure and is worse than one",
+                    "use 1 (no fault tolerance), 3 (tolerates 1) or 5 (tolerates 2)",
+                    "E006",
+                )
+    if get("url") is not None and get("urls") is not None:
+        bad("url", "url and urls are both set", "set url for one Redis or urls for Redlock", "E007")
+    return problems
+
+
+def validate_options(
+    options: Mapping[str, Any], source: str = "options", *, project_wide: bool = False
+) -> dict[str, Any]:
+    """Raise ConfigurationError for the first error in ``options``; return them as a dict."""
+    for problem in check_options(options, source, project_wide=project_wide):
+        if not problem.warning:
+            hint = f" ({problem.hint})" if problem.hint else ""
+            raise ConfigurationError(problem.message + hint)
+    return dict(options)
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """Resolved options of one task (every source merged)."""
+
+    ttl: float = 30.0
+    key: Any = None
+    on_duplicate: str = "skip"
+    wait_timeout: float | None = 30.0
+    on_wait_timeout: str = "raise"
+    fencing: bool | str = False
+    dedupe_enqueue: bool = False
+    pending_ttl: float = 3600.0
+    watchdog: bool = True
+    on_backend_error: str = "raise"
+    url: str | None = None
+    urls: tuple[str, ...] | None = None
+    key_prefix: str = "tasklock"
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def fence_keyword(self) -> str | None:
+        """The keyword the fence token is passed as, or None when fencing is off."""
+        if self.fencing is True:
+            return DEFAULT_FENCE_KEYWORD
+        return self.fencing or None
+
+
+def _environment() -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    if os.environ.get("TASKLOCK_URL"):
+        found["url"] = os.environ["TASKLOCK_URL"]
+    if os.environ.get("TASKLOCK_URLS"):
+        found["urls"] = [u.strip() for u in os.environ["TASKLOCK_URLS"].split(",") if u.strip()]
+    if os.environ.get("TASKLOCK_KEY_PREFIX"):
+        found["key_prefix"] = os.environ["TASKLOCK_KEY_PREFIX"]
+    return found
+
+
+def _celery_conf(conf: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``tasklock_<option>`` keys of a Celery app.conf (Django: CELERY_TASKLOCK_<OPTION>)."""
+    if conf is None:
+        return {}
+    found: dict[str, Any] = {}
+    for name in OPTION_NAMES:
+        for key in (f"tasklock_{name}", f"TASKLOCK_{name.upper()}"):
+            value = conf.get(key)
+            if value is not None:
+                found[name] = value
+                break
+    return found
+
+
+def _django() -> dict[str, Any]:
+    # Only when the project already imported Django: tasklock never imports it itself here.
+    if "django.conf" not in sys.modules:
+        return {}
+    from tasklock.django.settings import read_tasklock_setting
+
+    settings: dict[str, Any] = read_tasklock_setting()
+    return settings
+
+
+def resolve_options(
+    explicit: Mapping[str, Any], celery_conf: Mapping[str, Any] | None = None
+) -> TaskOptions:
+    """Merge every source for one task; each layer is validated, naming where it came from."""
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    layers = (
+        ("defaults", DEFAULTS),
+        ("environment", validate_options(_environment(), "environment", project_wide=True)),
+        (
+            "Celery app.conf",
+            validate_options(_celery_conf(celery_conf), "Celery app.conf", project_wide=True),
+        ),
+        ("Django TASKLOCK", _django()),
+        ("task options", explicit),
+    )
+    for source, layer in layers:
+        for name, value in layer.items():
+            if value is None and name not in ("key", "wait_timeout"):
+                continue
+            if name in ("url", "urls") and source != "defaults":
+                # A layer that names a connection replaces the other kind from lower layers.
+                merged.pop("urls" if name == "url" else "url", None)
+            merged[name] = value
+            sources[name] = source
+    urls = merged.get("urls")
+    return TaskOptions(
+        ttl=float(merged["ttl"]),
+        key=merged.get("key"),
+        on_duplicate=merged["on_duplicate"],
+        wait_timeout=None if merged.get("wait_timeout") is None else float(merged["wait_timeout"]),
+        on_wait_timeout=merged["on_wait_timeout"],
+        fencing=merged["fencing"],
+        dedupe_enqueue=merged["dedupe_enqueue"],
+        pending_ttl=float(merged["pending_ttl"]),
+        watchdog=merged["watchdog"],
+        on_backend_error=merged["on_backend_error"],
+        url=merged.get("url"),
+        urls=tuple(urls) if urls else None,
+        key_prefix=merged["key_prefix"],
+        sources=sources,
+    )

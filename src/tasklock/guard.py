@@ -1,0 +1,363 @@
+"""The task policy that every adapter shares, free of any framework.
+
+An adapter (Celery, RQ) maps its hooks onto one :class:`Guard` per task:
+
+* at decoration: ``Guard(func, name, options)`` validates the options and the ``key``/``fencing``
+  choices against the function's signature, so mistakes fail at import time;
+* at enqueue (``dedupe_enqueue``): :meth:`Guard.claim_pending` / :meth:`Guard.clear_pending`;
+* at execution: :meth:`Guard.run` takes the execution lock right before the body, injects the
+  fence token, releases in ``finally``, and applies ``on_duplicate`` / ``on_backend_error``. The
+  parts that differ per framework (what "skip" and "retry" mean) are callbacks.
+
+Key layout (all of one task in one Redis Cluster slot, thanks to the ``{task name}`` hash tag)::
+
+    <prefix>:{<task name>}:lock:<digest>      execution lock (gone after release)
+    <prefix>:{<task name>}:pending:<digest>   enqueue-time marker, holds the pending task id
+    <prefix>:{<task name>}:fence              fence counter, one per task name
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tasklock import stats
+from tasklock.config import TaskOptions, resolve_options, validate_options
+from tasklock.core.base import BaseLock
+from tasklock.core.connection import backend_errors, client_for_url
+from tasklock.core.lock import Lock
+from tasklock.core.scripts import CLAIM, DELETE_IF
+from tasklock.errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    DuplicateTaskError,
+    LockError,
+)
+from tasklock.signature import CallKey
+
+__all__ = ["Duplicate", "Guard", "reset_all"]
+
+log = logging.getLogger("tasklock")
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A call that found its twin holding the lock."""
+
+    task_name: str
+    key: str
+    holder: str
+    holder_ttl: float | None
+    waited: bool = False
+
+    def message(self) -> str:
+        ttl = "unknown" if self.holder_ttl is None else f"{self.holder_ttl:.1f}s"
+        how = "after waiting, " if self.waited else ""
+        return (
+            f"{self.task_name}: {how}a call with the same key is running "
+            f"(key={self.key}, holder: {self.holder}, lock TTL left: {ttl})"
+        )
+
+    def as_meta(self) -> dict[str, Any]:
+        """JSON-friendly description for task state / job meta."""
+        return {
+            "reason": "duplicate",
+            "task": self.task_name,
+            "key": self.key,
+            "holder": self.holder,
+            "holder_ttl": self.holder_ttl,
+            "waited": self.waited,
+        }
+
+
+_guards: weakref.WeakSet[Guard] = weakref.WeakSet()
+
+
+def reset_all() -> None:
+    """Make every guard re-read its settings on next use (Django's setting_changed calls this)."""
+    for guard in list(_guards):
+        guard.reset()
+
+
+class Guard:
+    """The singleton policy of one task. Thread-safe; one instance per task per process."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        name: str,
+        options: Mapping[str, Any],
+        *,
+        conf: Callable[[], Mapping[str, Any] | None] | None = None,
+        default_client: Callable[[], Any] | None = None,
+        exclude: Iterable[str] = (),
+    ) -> None:
+        self.name = name
+        self.explicit = validate_options(options, f"options of task {name}")
+        self._conf = conf
+        self._default_client = default_client
+        fencing = self.explicit.get("fencing", False)
+        self.fence_keyword: str | None = (
+            "fence_token" if fencing is True else (fencing if isinstance(fencing, str) else None)
+        )
+        self.call_key = CallKey(
+            func,
+            name,
+            key=self.explicit.get("key"),
+            exclude=[*exclude, *([self.fence_keyword] if self.fence_keyword else [])],
+        )
+        if self.fence_keyword:
+            params = self.call_key.signature.parameters
+            if self.fence_keyword not in params and not any(
+                p.kind is p.VAR_KEYWORD for p in params.values()
+            ):
+                raise ConfigurationError(
+                    f"fencing passes {self.fence_keyword}= to {name}, but it does not accept "
+                    f"that keyword: add a parameter `{self.fence_keyword}=None`, or name another "
+                    "keyword with fencing='...'"
+                )
+        self._options: TaskOptions | None = None
+        self._options_lock = threading.Lock()
+        _guards.add(self)
+
+    # -- configuration ---------------------------------------------------------------------------
+    @property
+    def options(self) -> TaskOptions:
+        """Options merged from every source, resolved on first use (see tasklock.config)."""
+        options = self._options
+        if options is None:
+            with self._options_lock:
+                if self._options is None:
+                    conf = self._conf() if self._conf is not None else None
+                    self._options = resolve_options(self.explicit, conf)
+                options = self._options
+        return options
+
+    def reset(self) -> None:
+        """Forget resolved options (Django's override_settings, tests)."""
+        with self._options_lock:
+            self._options = None
+
+    def _client(self) -> Any:
+        options = self.options
+        if options.url:
+            return client_for_url(options.url)
+        if self._default_client is not None:
+            client = self._default_client()
+            if client is not None:
+                return client
+        raise ConfigurationError(
+            f"no Redis configured for tasklock (task {self.name}): pass url='redis://...' to the "
+            "task, set TASKLOCK_URL, Django's TASKLOCK['URL'] or Celery's tasklock_url"
+        )
+
+    # -- keys ------------------------------------------------------------------------------------
+    def _base(self) -> str:
+        return f"{self.options.key_prefix}:{{{self.name}}}"
+
+    def lock_key(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> str:
+        return f"{self._base()}:lock:{self.call_key.digest(args, kwargs)}"
+
+    def pending_key(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> str:
+        return f"{self._base()}:pending:{self.call_key.digest(args, kwargs)}"
+
+    @property
+    def fence_key(self) -> str:
+        return f"{self._base()}:fence"
+
+    def lock_for(self, key: str, task_id: str | None = None) -> BaseLock:
+        """The execution lock object for ``key`` (Redlock when ``urls`` is configured)."""
+        options = self.options
+        owner = {"task": task_id, "name": self.name} if task_id else {"name": self.name}
+        on_lost = self._on_lost
+        if options.urls:
+            from tasklock.core.redlock import Redlock
+
+            redlock: BaseLock = Redlock(
+                list(options.urls),
+                key,
+                timeout=options.ttl,
+                fence_key=self.fence_key,
+                watchdog=options.watchdog,
+                on_lost=on_lost,
+                owner_info=owner,
+            )
+            return redlock
+        return Lock(
+            self._client(),
+            key,
+            timeout=options.ttl,
+            fence_key=self.fence_key,
+            watchdog=options.watchdog,
+            on_lost=on_lost,
+            owner_info=owner,
+        )
+
+    def _on_lost(self, lock: BaseLock) -> None:
+        stats.increment("lost", self.name)
+        log.error(
+            "%s: lock %s was lost while the task ran (%s); another run may start. Fencing tokens "
+            "protect writes made with fence_token.",
+            self.name,
+            lock.name,
+            lock.lost.reason,
+        )
+
+    # -- enqueue-time dedupe ---------------------------------------------------------------------
+    def _marker_client(self) -> Any:
+        # The marker is about pending work, not safety: one node suffices (the first with Redlock).
+        options = self.options
+        return client_for_url(options.urls[0]) if options.urls else self._client()
+
+    def claim_pending(
+        self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str
+    ) -> str | None:
+        """Mark this call as pending under ``task_id``; return the id of a pending twin, if any.
+
+        Fails closed like execution: an unreachable Redis raises BackendUnavailable (the caller
+        then decides; nothing is enqueued silently twice or dropped).
+        """
+        key = self.pending_key(args, kwargs)
+        client = self._marker_client()
+        ttl_ms = int(self.options.pending_ttl * 1000)
+        with backend_errors(client, f"marking {self.name} as pending"):
+            existing = CLAIM(client, (key,), (task_id, ttl_ms))
+        if existing is None:
+            return None
+        existing_id = existing.decode() if isinstance(existing, bytes) else str(existing)
+        stats.increment("deduplicated", self.name)
+        log.info(
+            "%s: not enqueued again, task %s with the same key is pending (key=%s)",
+            self.name,
+            existing_id,
+            key,
+        )
+        return existing_id
+
+    def clear_pending(
+        self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str | None
+    ) -> None:
+        """Clear this call's marker if ``task_id`` still owns it. Never raises: the marker's TTL
+        is the backstop, and a finished task must not fail because of bookkeeping."""
+        if not task_id or not self.options.dedupe_enqueue:
+            return
+        try:
+            key = self.pending_key(args, kwargs)
+            client = self._marker_client()
+            with backend_errors(client, f"clearing the pending marker of {self.name}"):
+                DELETE_IF(client, (key,), (task_id,))
+        except Exception as exc:
+            log.warning("%s: could not clear pending marker (expires by TTL): %s", self.name, exc)
+
+    # -- execution -------------------------------------------------------------------------------
+    def run(
+        self,
+        args: Iterable[Any],
+        kwargs: Mapping[str, Any],
+        body: Callable[[dict[str, Any]], R],
+        *,
+        task_id: str | None,
+        on_skip: Callable[[Duplicate], R],
+        on_retry: Callable[[Duplicate], R],
+        duplicate_error: type[DuplicateTaskError],
+    ) -> R:
+        """Run ``body(extra_kwargs)`` under the execution lock, or apply the duplicate policy.
+
+        ``extra_kwargs`` holds the fence token under the fencing keyword when fencing is on.
+        """
+        args = tuple(args)
+        options = self.options
+        key = self.lock_key(args, kwargs)
+        lock = self.lock_for(key, task_id)
+        try:
+            acquired = lock.acquire(blocking=False)
+            waited = False
+            if not acquired:
+                holder, _ = lock.peek()
+                if task_id and holder is not None and holder.meta.get("task") == task_id:
+                    # Our own earlier attempt (Celery's self.retry sends the retry before the
+                    # attempt's finally runs): it is releasing now, so wait for it.
+                    acquired = lock.acquire(blocking=True, blocking_timeout=options.ttl)
+                elif options.on_duplicate == "wait":
+                    waited = True
+                    acquired = lock.acquire(blocking=True, blocking_timeout=options.wait_timeout)
+        except BackendUnavailable as exc:
+            if options.on_backend_error != "run":
+                stats.increment("backend_error", self.name)
+                raise
+            stats.increment("ran_unlocked", self.name)
+            log.warning(
+                "%s: running WITHOUT the lock because Redis is unreachable "
+                "(on_backend_error='run'): %s",
+                self.name,
+                exc,
+            )
+            return body(self._fence_kwargs(None))
+        if not acquired:
+            return self._duplicate(lock, key, waited, on_skip, on_retry, duplicate_error)
+        stats.increment("acquired", self.name)
+        try:
+            return body(self._fence_kwargs(lock.fence))
+        finally:
+            self._release(lock)
+
+    def _fence_kwargs(self, fence: int | None) -> dict[str, Any]:
+        return {self.fence_keyword: fence} if self.fence_keyword else {}
+
+    def _release(self, lock: BaseLock) -> None:
+        try:
+            lock.release()
+        except LockError as exc:
+            stats.increment("lost", self.name)
+            log.error("%s: the lock was no longer held at release: %s", self.name, exc)
+        except BackendUnavailable as exc:
+            log.warning(
+                "%s: could not release lock %s (it expires within %ss): %s",
+                self.name,
+                lock.name,
+                self.options.ttl,
+                exc,
+            )
+
+    def _duplicate(
+        self,
+        lock: BaseLock,
+        key: str,
+        waited: bool,
+        on_skip: Callable[[Duplicate], R],
+        on_retry: Callable[[Duplicate], R],
+        duplicate_error: type[DuplicateTaskError],
+    ) -> R:
+        try:
+            holder, holder_ttl = lock.peek()
+        except BackendUnavailable:
+            holder, holder_ttl = None, None
+        duplicate = Duplicate(
+            self.name,
+            key,
+            holder.describe() if holder is not None else "unknown (released just now)",
+            holder_ttl,
+            waited,
+        )
+        policy = self.options.on_wait_timeout if waited else self.options.on_duplicate
+        stats.increment(f"duplicate_{policy}", self.name)
+        log.info("%s -> %s", duplicate.message(), policy)
+        if policy == "raise":
+            raise duplicate_error(duplicate.message(), key, duplicate.holder)
+        if policy == "retry":
+            return on_retry(duplicate)
+        return on_skip(duplicate)
+
+    def retry_delay(self, duplicate: Duplicate) -> float:
+        """Seconds until a retry is worth trying: the holder's TTL left, plus jitter so that
+        a burst of duplicates does not come back in lock-step."""
+        ttl = self.options.ttl
+        base = duplicate.holder_ttl if duplicate.holder_ttl is not None else ttl
+        return round(max(0.5, base) + random.uniform(0, max(0.5, ttl * 0.1)), 3)

@@ -1,0 +1,174 @@
+"""From a task call to a lock key: bind, canonicalise, hash.
+
+The producer (``delay`` / ``enqueue``) and the worker must compute the same key for the same call,
+although they see the arguments in different shapes: ``f(1)``, ``f(a=1)`` and ``f(1, b=<default>)``
+are one call, and a tuple arrives at a Celery worker as a list after the JSON round trip. So:
+
+1. the arguments are bound to the function's signature and defaults are applied;
+2. the bound arguments (or the ``key`` subset, or what the ``key`` callable returns) are encoded as
+   canonical JSON: sorted keys, no spaces, tuples and lists alike, sets sorted, dict keys as text;
+   datetimes, dates, times, UUIDs, Decimals and bytes are tagged so they cannot collide with text;
+3. the digest is the first 128 bits of its SHA-256, in hex.
+
+An argument that cannot be encoded is an error at the call that names it and its type - never a
+``repr`` with a memory address that would make every call unique and the lock useless.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import inspect
+import json
+import math
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from tasklock.errors import ConfigurationError, KeyEncodingError
+
+__all__ = ["CallKey", "canonical_json"]
+
+
+class _Unencodable(Exception):
+    def __init__(self, path: str, value: Any) -> None:
+        super().__init__(path)
+        self.path = path
+        self.value = value
+
+
+def _plain(value: Any, path: str) -> Any:
+    """``value`` as JSON-native data, the same for every shape a serializer may deliver."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _Unencodable(path, value)
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str | int | float | bool) and k is not None:
+                raise _Unencodable(f"{path} key {k!r}", k)
+            out[k if isinstance(k, str) else json.dumps(k)] = _plain(v, f"{path}[{k!r}]")
+        return out
+    if isinstance(value, set | frozenset):
+        items = [_plain(item, f"{path}{{...}}") for item in value]
+        return {"__set__": sorted(items, key=lambda x: json.dumps(x, sort_keys=True))}
+    if isinstance(value, dt.datetime):
+        return {"__datetime__": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"__date__": value.isoformat()}
+    if isinstance(value, dt.time):
+        return {"__time__": value.isoformat()}
+    if isinstance(value, uuid.UUID):
+        return {"__uuid__": str(value)}
+    if isinstance(value, decimal.Decimal):
+        if not value.is_finite():
+            raise _Unencodable(path, value)
+        return {"__decimal__": str(value.normalize())}
+    if isinstance(value, bytes):
+        return {"__bytes__": value.hex()}
+    raise _Unencodable(path, value)
+
+
+def _describe(exc: _Unencodable) -> str:
+    return f"{exc.path} has type {type(exc.value).__name__}, which cannot be part of a lock key"
+
+
+def canonical_json(value: Any, path: str = "value") -> str:
+    """Canonical JSON for ``value``; raises KeyEncodingError naming ``path`` if it cannot."""
+    try:
+        return json.dumps(_plain(value, path), sort_keys=True, separators=(",", ":"))
+    except _Unencodable as exc:
+        raise KeyEncodingError(_describe(exc)) from None
+
+
+def _callable_signature(func: Callable[..., Any]) -> inspect.Signature:
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"cannot read the signature of {func!r}: {exc}") from exc
+
+
+class CallKey:
+    """Derives the canonical form and digest of calls to one task function.
+
+    ``key``: None (every argument), a list of argument names, or a callable that receives the call's
+    arguments exactly as passed and returns what identifies the call. ``exclude``: argument names
+    that never take part (the fencing keyword, for instance).
+    """
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        task_name: str,
+        key: Any = None,
+        exclude: Iterable[str] = (),
+    ) -> None:
+        self.task_name = task_name
+        self.signature = _callable_signature(func)
+        self.exclude = frozenset(exclude)
+        self.key = key
+        params = self.signature.parameters
+        if key is not None and not callable(key):
+            names = list(key)
+            accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+            for name in names:
+                if name not in params and not accepts_any:
+                    raise ConfigurationError(
+                        f"key names argument {name!r}, but {task_name} takes "
+                        f"({', '.join(params) or 'no arguments'})"
+                    )
+                if name in self.exclude:
+                    raise ConfigurationError(
+                        f"key names argument {name!r}, which is the fencing keyword of "
+                        f"{task_name}; it cannot be part of the key"
+                    )
+            self.key = tuple(names)
+
+    def _error(self, detail: str) -> KeyEncodingError:
+        return KeyEncodingError(
+            f"cannot build the lock key of {self.task_name}: {detail}. Pass plain data "
+            "(ids, strings, numbers) or choose the key with key=[...] or key=callable"
+        )
+
+    def canonical(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> str:
+        args = tuple(args)
+        kwargs = dict(kwargs)
+        if callable(self.key):
+            try:
+                return canonical_json(self.key(*args, **kwargs), "the value returned by key()")
+            except KeyEncodingError as exc:
+                raise self._error(str(exc)) from None
+        for name in self.exclude:
+            kwargs.pop(name, None)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(
+                f"arguments do not match {self.task_name}{self.signature}: {exc}"
+            ) from None
+        bound.apply_defaults()
+        arguments = {k: v for k, v in bound.arguments.items() if k not in self.exclude}
+        for param in self.signature.parameters.values():
+            if param.kind is param.VAR_KEYWORD and param.name in arguments:
+                # **kwargs merge into the top level, so f(x=1) keys alike whether x is named or not.
+                extra = arguments.pop(param.name)
+                arguments.update({k: v for k, v in extra.items() if k not in self.exclude})
+        if self.key is not None:
+            arguments = {name: arguments.get(name) for name in self.key}
+        try:
+            parts = {name: _plain(value, f"argument {name!r}") for name, value in arguments.items()}
+        except _Unencodable as exc:
+            raise self._error(_describe(exc)) from None
+        return json.dumps(parts, sort_keys=True, separators=(",", ":"))
+
+    def digest(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> str:
+        """The first 128 bits of SHA-256 of the canonical call, in hex."""
+        return hashlib.sha256(self.canonical(args, kwargs).encode()).hexdigest()[:32]
