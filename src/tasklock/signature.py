@@ -54,7 +54,7 @@ def _plain(value: Any, path: str) -> Any:
         out: dict[str, Any] = {}
         for k, v in value.items():
             if not isinstance(k, str | int | float | bool) and k is not None:
-                raise _Unencodable(f"{path} key {k!r}", k)
+                raise _Unencodable(f"a dict key in {path}", k)
             out[k if isinstance(k, str) else json.dumps(k)] = _plain(v, f"{path}[{k!r}]")
         return out
     if isinstance(value, set | frozenset):
@@ -158,9 +158,9 @@ class CallKey:
         arguments = {k: v for k, v in bound.arguments.items() if k not in self.exclude}
         for param in self.signature.parameters.values():
             if param.kind is param.VAR_KEYWORD and param.name in arguments:
-                # **kwargs merge into the top level, so f(x=1) keys alike whether x is named or not.
-                extra = arguments.pop(param.name)
-                arguments.update({k: v for k, v in extra.items() if k not in self.exclude})
+                # The fencing keyword may land in **kwargs when the function takes no such name.
+                extra = arguments[param.name]
+                arguments[param.name] = {k: v for k, v in extra.items() if k not in self.exclude}
         if self.key is not None:
             arguments = {name: arguments.get(name) for name in self.key}
         try:
