@@ -79,8 +79,9 @@ def backend_errors(client: Any, doing: str) -> Iterator[None]:
     try:
         yield
     except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+        detail = str(exc).rstrip(". ")
         raise BackendUnavailable(
-            f"Redis at {describe_client(client)} did not answer while {doing}: {exc}. "
+            f"Redis at {describe_client(client)} did not answer while {doing}: {detail}. "
             "Check that redis-server is running and reachable from this host, and that the URL, "
             "port, password and TLS settings are right."
         ) from exc

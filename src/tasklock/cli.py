@@ -1,0 +1,382 @@
+"""The ``tasklock`` command: see who holds which lock, release a stuck one, check a server.
+
+This module is the argument layer only: it resolves URLs, calls :mod:`tasklock.ops` and prints.
+Exit status: 0 success, 1 failure (Redis unreachable, lock not found, doctor found a problem),
+2 usage error (bad option, bad URL, ``release`` without ``--force``). Expected errors are one line
+on stderr saying what is wrong and what to do; no tracebacks.
+
+URLs: ``--url`` (``--urls`` for ``doctor``), else ``$TASKLOCK_URL`` (``$TASKLOCK_URLS``,
+comma-separated, for ``doctor``), else ``redis://localhost:6379/0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+import redis.exceptions as redis_errors
+
+from tasklock.core.base import DEFAULT_TTL
+from tasklock.core.connection import client_for_url, validate_url
+from tasklock.errors import BackendUnavailable, ConfigurationError
+from tasklock.ops.doctor import redact_url, run_doctor
+from tasklock.ops.inspect import (
+    KeyState,
+    LockInfo,
+    fence_counter_keys,
+    list_locks,
+    read_fence_counters,
+    read_key,
+    release_if_unchanged,
+)
+from tasklock.ops.render import doctor_report, holder_line, lock_details, lock_table
+
+__all__ = ["DEFAULT_URL", "build_parser", "main"]
+
+DEFAULT_URL = "redis://localhost:6379/0"
+URL_ENV = "TASKLOCK_URL"
+URLS_ENV = "TASKLOCK_URLS"
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CommandFailed(Exception):
+    """An expected failure: printed as one line, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- URLs ---------------------------------------------------------------------------------------
+
+
+def resolve_url(given: str | None) -> tuple[str, str]:
+    """``(url, where it came from)``: ``--url``, else ``$TASKLOCK_URL``, else the default."""
+    if given is not None:
+        return validate_url(given, "--url"), "--url"
+    env = os.environ.get(URL_ENV, "").strip()
+    if env:
+        return validate_url(env, URL_ENV), URL_ENV
+    return DEFAULT_URL, "the default URL"
+
+
+def resolve_urls(url: str | None, urls: Sequence[str] | None) -> tuple[list[str], str]:
+    """Doctor's nodes and where they came from: ``--urls``, ``--url``, ``$TASKLOCK_URLS``, then
+    as for :func:`resolve_url`."""
+    if urls:
+        return [validate_url(u, "--urls") for u in urls], "--urls"
+    if url is not None:
+        return [validate_url(url, "--url")], "--url"
+    env = os.environ.get(URLS_ENV, "").strip()
+    if env:
+        listed = [part.strip() for part in env.split(",") if part.strip()]
+        return [validate_url(u, URLS_ENV) for u in listed], URLS_ENV
+    single, origin = resolve_url(None)
+    return [single], origin
+
+
+def connect(url: str, option: str) -> redis.Redis:
+    """A client for ``url``; a URL redis-py cannot parse is a usage error naming ``option``."""
+    try:
+        return client_for_url(url)
+    except ValueError as exc:
+        if isinstance(exc, ConfigurationError):
+            raise
+        raise ConfigurationError(
+            f"{option}={redact_url(url)!r} is not a usable Redis URL: {exc}"
+        ) from exc
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    url, origin = resolve_url(args.url)
+    locks = list_locks(connect(url, origin), args.match)
+    if args.json:
+        print(json.dumps([info.to_json() for info in locks], indent=2))
+    elif not locks:
+        print(f"No tasklock locks held on {redact_url(url)} matching {args.match!r}.")
+    else:
+        print(lock_table(locks))
+    return 0
+
+
+def _held_lock(state: KeyState, url: str) -> LockInfo:
+    """The lock ``state`` holds; a CommandFailed saying what it is when it is no tasklock lock."""
+    where = redact_url(url)
+    if not state.exists:
+        raise CommandFailed(
+            f"{state.key!r} is not held on {where} (no such key: released or expired)"
+        )
+    if state.type != "string":
+        raise CommandFailed(
+            f"{state.key!r} on {where} is a Redis {state.type}, not a tasklock lock "
+            "(`tasklock ls` lists the locks)"
+        )
+    if state.lock is None:
+        shown = (state.raw_value or b"")[:80].decode("utf-8", "backslashreplace")
+        raise CommandFailed(
+            f"{state.key!r} on {where} does not hold a tasklock lock value (it holds {shown!r}: "
+            "a fence counter, an enqueue marker or another library's key); tasklock leaves it alone"
+        )
+    return state.lock
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    url, origin = resolve_url(args.url)
+    client = connect(url, origin)
+    lock = _held_lock(read_key(client, args.key), url)
+    candidates = fence_counter_keys(args.key)
+    counters = read_fence_counters(client, [key for _, key in candidates])
+    # Show the counters that exist; when none does, the most likely one as "not set".
+    counters = {k: v for k, v in counters.items() if v is not None} or {candidates[0][1]: None}
+    labels = {key: label for label, key in candidates}
+    if args.json:
+        data = lock.to_json()
+        data["fence_counters"] = [
+            {"key": key, "kind": labels[key], "value": counters[key]} for key in counters
+        ]
+        print(json.dumps(data, indent=2))
+    else:
+        print(lock_details(lock, counters, labels))
+    return 0
+
+
+FORCE_REFUSAL = (
+    "refusing to release {key!r} without --force: releasing a held lock breaks mutual exclusion "
+    "(its holder keeps running and a second one can start). Prefer waiting for its TTL, which "
+    "frees the lock of a dead holder on its own; use --force only when the holder is gone"
+)
+
+
+def confirm(prompt: str) -> bool:
+    """Ask on the terminal; no terminal, end of input or anything but y/yes is a no."""
+    stdin = sys.stdin
+    if stdin is None or not stdin.isatty():
+        print(
+            "tasklock: no terminal to confirm on: nothing released (pass --yes to release "
+            "without asking)",
+            file=sys.stderr,
+        )
+        return False
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    answer = stdin.readline()
+    if not answer:
+        sys.stderr.write("\n")
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    if not args.force:
+        raise CommandFailed(FORCE_REFUSAL.format(key=args.key), code=2)
+    url, origin = resolve_url(args.url)
+    client = connect(url, origin)
+    lock = _held_lock(read_key(client, args.key), url)
+    print(f"{args.key} is held by {holder_line(lock)}")
+    if not args.yes and not confirm(
+        "Release it now? Its holder, if still running, will no longer be exclusive. [y/N] "
+    ):
+        print("Not released.")
+        return 1
+    if release_if_unchanged(client, args.key, lock.raw_value):
+        print(f"Released {args.key}; waiters were woken.")
+        return 0
+    now = read_key(client, args.key)
+    if now.lock is not None:
+        current = f"now held by {holder_line(now.lock)}"
+    elif now.exists:
+        current = f"now a {now.type} that is not a tasklock lock"
+    else:
+        current = "no longer held"
+    raise CommandFailed(
+        f"{args.key!r} changed since it was shown ({current}): nothing released; run the "
+        "command again to see the current holder"
+    )
+
+
+def _non_empty(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty (use * for every key)")
+    return text
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return value
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    urls, origin = resolve_urls(args.url, args.urls)
+    for url in urls:
+        connect(url, origin)  # a URL redis-py cannot parse is a usage error, before any probing
+    report = run_doctor(urls, ttl=args.ttl)
+    if args.json:
+        print(json.dumps(report.to_json(args.strict), indent=2))
+    else:
+        print(doctor_report(report, args.strict))
+    return report.exit_code(args.strict)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.url is not None:
+        validate_url(args.url, "--url")
+    try:
+        demo: Any = importlib.import_module("tasklock.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name == "tasklock.demo":
+            raise CommandFailed(
+                "`tasklock demo` is not available in this installation (module tasklock.demo is "
+                "missing); reinstall tasklock from a release that ships it"
+            ) from exc
+        raise CommandFailed(
+            f"`tasklock demo` needs {exc.name!r}, which is not installed: "
+            "pip install 'tasklock[demo]'"
+        ) from exc
+    return int(demo.main(args))
+
+
+# --- parser -------------------------------------------------------------------------------------
+
+
+def _add_url(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        help=f"Redis URL (default: ${URL_ENV}, else {DEFAULT_URL})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tasklock",
+        description="Inspect, release and check tasklock's Redis locks.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    ls = sub.add_parser("ls", help="list held locks, newest first")
+    _add_url(ls)
+    ls.add_argument(
+        "--match",
+        default="*",
+        type=_non_empty,
+        metavar="PATTERN",
+        help="only keys matching this glob (SCAN MATCH syntax; default: *)",
+    )
+    ls.add_argument("--json", action="store_true", help="print a JSON list for scripts")
+    ls.set_defaults(handler=cmd_ls)
+
+    show = sub.add_parser("show", help="one lock in detail")
+    show.add_argument("key", metavar="KEY", help="the lock key (as printed by `tasklock ls`)")
+    _add_url(show)
+    show.add_argument("--json", action="store_true", help="print JSON for scripts")
+    show.set_defaults(handler=cmd_show)
+
+    release = sub.add_parser(
+        "release",
+        help="force-release a stuck lock (owner-aware; needs --force)",
+        description="Delete a held lock whose holder is gone. Shows the holder first and deletes "
+        "only if the lock still has the value shown. Waiting for the TTL is safer.",
+    )
+    release.add_argument("key", metavar="KEY", help="the lock key (as printed by `tasklock ls`)")
+    release.add_argument(
+        "--force", action="store_true", help="required: you accept breaking mutual exclusion"
+    )
+    release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    _add_url(release)
+    release.set_defaults(handler=cmd_release)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check a Redis setup for what can break locks",
+        description="Checks eviction policy, persistence, replicas, version, latency and (for "
+        "several nodes) clocks and duplicates. Exit status 1 when a check fails.",
+    )
+    nodes = doctor.add_mutually_exclusive_group()
+    nodes.add_argument(
+        "--url",
+        metavar="URL",
+        help=f"one Redis (default: ${URLS_ENV} or ${URL_ENV}, else {DEFAULT_URL})",
+    )
+    nodes.add_argument("--urls", nargs="+", metavar="URL", help="the Redlock masters")
+    doctor.add_argument(
+        "--ttl",
+        type=_positive_seconds,
+        default=DEFAULT_TTL,
+        metavar="SECONDS",
+        help=f"lock TTL for the clock drift allowance (default: {DEFAULT_TTL:g})",
+    )
+    doctor.add_argument("--strict", action="store_true", help="warnings also exit 1")
+    doctor.add_argument("--json", action="store_true", help="print JSON for scripts")
+    doctor.set_defaults(handler=cmd_doctor)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the demo: real workers, duplicate work, fence tokens",
+        description="Starts an embedded redis-server unless --url is given.",
+    )
+    demo.add_argument("--url", metavar="URL", help="use this Redis instead of an embedded one")
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+
+def _error(message: str) -> None:
+    print(f"tasklock: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 for --help
+        return exc.code if isinstance(exc.code, int) else 2
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_usage(sys.stderr)
+        _error("a command is required: ls, show, release, doctor or demo (see tasklock --help)")
+        return 2
+    try:
+        return handler(args)
+    except CommandFailed as exc:
+        _error(str(exc))
+        return exc.code
+    except ConfigurationError as exc:
+        _error(str(exc))
+        return 2
+    except BackendUnavailable as exc:
+        _error(str(exc))
+        return 1
+    except redis_errors.RedisError as exc:
+        _error(f"Redis refused the request: {exc}. Check the URL's user and permissions (ACL).")
+        return 1
+    except BrokenPipeError:
+        # The reader (`| head`) went away: stop quietly, and keep Python's exit-time flush quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

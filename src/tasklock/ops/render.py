@@ -1,0 +1,147 @@
+"""Text for people: the ``tasklock ls`` table, ``show`` details and the doctor report.
+
+Everything here is a pure function of already-read data and the current time, so output can be
+checked without a server and stays consistent between commands. ``--json`` output does not come
+from here: it is the ``to_json`` of the data classes, a stable interface for scripts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from tasklock.ops.doctor import Report, Status
+from tasklock.ops.inspect import LockInfo
+
+__all__ = ["doctor_report", "duration", "holder_line", "lock_details", "lock_table"]
+
+_MISSING = "-"
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: ``850ms``, ``29.5s``, ``12m03s``, ``5h07m``, ``3d04h``."""
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _ttl(info: LockInfo) -> str:
+    return "no TTL" if info.ttl_ms is None else duration(info.ttl_ms / 1000)
+
+
+def _age(info: LockInfo, now: float) -> str:
+    at = info.acquired_at
+    return _MISSING if at is None else duration(now - at)
+
+
+def _cell(value: object) -> str:
+    return _MISSING if value is None else str(value)
+
+
+def lock_table(locks: Sequence[LockInfo], now: float | None = None) -> str:
+    """The ``ls`` table, one row per lock in the order given (newest first from list_locks)."""
+    now = time.time() if now is None else now
+    header = ("KEY", "HOST", "PID", "TASK", "AGE", "TTL", "FENCE")
+    rows = [header]
+    for info in locks:
+        task = info.task
+        if task is not None and info.task_name:
+            task = f"{info.task_name}[{task}]"
+        rows.append(
+            (
+                info.key,
+                _cell(info.host),
+                _cell(info.pid),
+                _cell(task),
+                _age(info, now),
+                _ttl(info),
+                _cell(info.fence),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def holder_line(info: LockInfo) -> str:
+    """One line naming the holder, for confirmations and error messages."""
+    parts = [f"host {_cell(info.host)}", f"pid {_cell(info.pid)}"]
+    if info.task is not None:
+        parts.append(f"task {info.task}")
+    if info.task_name is not None:
+        parts.append(f"({info.task_name})")
+    parts.append(f"fence {_cell(info.fence)}")
+    parts.append(f"TTL {_ttl(info)} left")
+    return ", ".join(parts)
+
+
+def lock_details(
+    info: LockInfo,
+    counters: Mapping[str, int | None],
+    labels: Mapping[str, str],
+    now: float | None = None,
+) -> str:
+    """The ``show`` text: value, holder, timing, fence and the fence counter(s)."""
+    now = time.time() if now is None else now
+    rows: list[tuple[str, str]] = [("key", info.key), ("value", info.holder.value)]
+    rows.append(("host", _cell(info.host)))
+    rows.append(("pid", _cell(info.pid)))
+    if info.task is not None:
+        rows.append(("task id", info.task))
+    if info.task_name is not None:
+        rows.append(("task name", info.task_name))
+    extra = {k: v for k, v in info.meta.items() if k not in ("host", "pid", "task", "name", "at")}
+    for name, value in extra.items():
+        rows.append((f"meta {name}", str(value)))
+    at = info.acquired_at
+    if at is not None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(at))
+        rows.append(("acquired", f"{stamp} ({duration(now - at)} ago, holder's clock)"))
+    rows.append(("ttl", "no TTL (never expires!)" if info.ttl_ms is None else f"{_ttl(info)} left"))
+    rows.append(("fence", _cell(info.fence)))
+    for key, value in counters.items():
+        label = labels.get(key, "")
+        text = "not set" if value is None else str(value)
+        if value is not None and info.fence is not None and value < info.fence:
+            text += " (BEHIND the held fence: the counter was lost, tokens will repeat)"
+        rows.append((f"fence counter ({label})", f"{key} = {text}"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+_MARK = {Status.OK: "ok  ", Status.WARN: "WARN", Status.FAIL: "FAIL"}
+
+
+def doctor_report(report: Report, strict: bool = False) -> str:
+    """The doctor's verdicts grouped by node, each problem followed by its fix, and a summary."""
+    kind = f"{len(report.urls)} Redlock masters" if len(report.urls) > 1 else "single-instance lock"
+    lines = [f"tasklock doctor ({kind})"]
+    groups: dict[str | None, list[str]] = {}
+    for url in report.urls:
+        groups.setdefault(url, [])
+    width = max((len(c.name) for c in report.checks), default=0)
+    for check in report.checks:
+        entry = groups.setdefault(check.node, [])
+        entry.append(f"  {_MARK[check.status]}  {check.name.ljust(width)}  {check.message}")
+        if check.fix and check.status is not Status.OK:
+            entry.append(f"        {' ' * width}  fix: {check.fix}")
+    for node, entries in groups.items():
+        lines.append("")
+        lines.append(node if node is not None else "across nodes")
+        lines.extend(entries)
+    failures, warnings = len(report.failures), len(report.warnings)
+    oks = len(report.checks) - failures - warnings
+    verdict = "problems found" if report.exit_code(strict) else "no problem that breaks locks"
+    if not failures and warnings and not strict:
+        verdict += " (warnings only; --strict makes them fail)"
+    lines.append("")
+    lines.append(f"{oks} ok, {warnings} warning(s), {failures} failure(s): {verdict}")
+    return "\n".join(lines)
