@@ -14,7 +14,8 @@ from tasklock.core.owner import parse_value
 def test_acquire_release_cycle_and_fence(r: redis.Redis) -> None:
     lock = tasklock.Lock(r, "cycle")
     assert lock.acquire()
-    assert lock.owned() and lock.locked()
+    assert lock.owned()
+    assert lock.locked()
     first = lock.fence
     assert isinstance(first, int)
     holder = parse_value(r.get("cycle"))
@@ -61,9 +62,9 @@ def test_release_twice_and_release_unowned_raise(r: redis.Redis) -> None:
     r.delete("twice")
     with pytest.raises(tasklock.LockNotOwnedError):
         lock.release()
+    lock.acquire()
+    r.set("twice", "someone-else")
     with pytest.raises(redis.exceptions.LockNotOwnedError):  # redis-py's class catches ours too
-        lock.acquire()
-        r.set("twice", "someone-else")
         lock.release()
 
 
@@ -163,3 +164,16 @@ def test_dead_server_is_a_clear_error() -> None:
     assert "Check that redis-server is running" in str(info.value)
     assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
     assert isinstance(info.value, redis.exceptions.ConnectionError)
+
+
+def test_a_retried_acquire_finds_its_own_hold(r: redis.Redis) -> None:
+    """redis-py retries a call whose answer was lost; the second run must not see "held"."""
+    from tasklock.core.scripts import ACQUIRE
+
+    keys = ("retried", "{retried}:fence")
+    assert ACQUIRE(r, keys, ("owner-token", 5000)) == [1, 1]
+    assert ACQUIRE(r, keys, ("owner-token", 5000)) == [1, 1]  # the same hold, the same fence
+    assert ACQUIRE(r, keys, ("other-token", 5000))[0] == 0
+    assert ACQUIRE(r, keys, ("owner", 5000))[0] == 0  # a prefix of the token is not the token
+    r.hset("a-hash", "x", 1)
+    assert ACQUIRE(r, ("a-hash", "{a-hash}:fence"), ("t", 5000))[0] == 0  # foreign types: held

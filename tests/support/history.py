@@ -11,6 +11,7 @@ Times are ``time.monotonic_ns()``: CLOCK_MONOTONIC is one clock for all processe
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sqlite3
@@ -24,8 +25,8 @@ from typing import Any
 
 __all__ = [
     "FencedRegister",
-    "Hold",
     "HistoryLog",
+    "Hold",
     "assert_fences_increase",
     "assert_no_overlap",
     "run_processes",
@@ -64,7 +65,7 @@ def assert_no_overlap(holds: Iterable[Hold]) -> None:
         by_name[hold.name].append(hold)
     for name, items in by_name.items():
         items.sort(key=lambda h: h.start)
-        for earlier, later in zip(items, items[1:], strict=False):
+        for earlier, later in itertools.pairwise(items):
             assert later.start >= earlier.end, (
                 f"holds of {name!r} overlap: pid {earlier.pid} fence {earlier.fence} "
                 f"[{earlier.start}, {earlier.end}] and pid {later.pid} fence {later.fence} "
@@ -81,7 +82,7 @@ def assert_fences_increase(holds: Iterable[Hold]) -> None:
         items.sort(key=lambda h: h.start)
         fences = [h.fence for h in items]
         assert all(f is not None for f in fences), f"a hold of {name!r} had no fence"
-        for a, b in zip(fences, fences[1:], strict=False):
+        for a, b in itertools.pairwise(fences):
             assert b > a, f"fence of {name!r} did not increase: {a} then {b} in {fences}"  # type: ignore[operator]
 
 

@@ -67,7 +67,9 @@ class RedisServer:
 
     appendonly: bool = False
     port: int = field(default_factory=free_port)
-    directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tasklock-redis-")))
+    directory: Path = field(
+        default_factory=lambda: Path(tempfile.mkdtemp(prefix="tasklock-redis-"))
+    )
     extra_args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False

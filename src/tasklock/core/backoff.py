@@ -34,7 +34,10 @@ class Backoff:
     def next_delay(self, remaining: float | None = None, holder_ttl: float | None = None) -> float:
         """The next wait, never beyond ``remaining`` (the caller's deadline) and never negative."""
         ceiling = min(self.cap, self.initial * (2**self._attempt))
-        self._attempt += 1
+        if ceiling < self.cap:
+            # Stop counting once at the cap: 2**1024 does not fit a float, and a waiter on a lock
+            # held for hours reaches a thousand polls.
+            self._attempt += 1
         delay = ceiling * (0.5 + 0.5 * self.rng.random())
         if holder_ttl is not None and holder_ttl >= 0:
             # Wake a hair after the holder's key would expire on its own.

@@ -10,6 +10,7 @@ to N independent masters.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -54,13 +55,39 @@ class Attempt:
     holder_ttl: float | None = None  # seconds the current holder's key has left, when known
 
 
-@dataclass
+_flag_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    global _flag_lock
+    _flag_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 class _Hold:
-    value: bytes
-    fence: int | None
-    pid: int
-    lost: LostFlag
-    renewal: Renewal | None = None
+    """One acquisition. Its LostFlag (an Event: a Condition and a lock) is made only when someone
+    asks for it, which most holds never do."""
+
+    __slots__ = ("_lost", "fence", "pid", "renewal", "value")
+
+    def __init__(self, value: bytes, fence: int | None, pid: int) -> None:
+        self.value = value
+        self.fence = fence
+        self.pid = pid
+        self.renewal: Renewal | None = None
+        self._lost: LostFlag | None = None
+
+    @property
+    def lost(self) -> LostFlag:
+        flag = self._lost
+        if flag is None:
+            with _flag_lock:
+                if self._lost is None:
+                    self._lost = LostFlag()
+                flag = self._lost
+        return flag
 
 
 class _Waiter(Protocol):
@@ -77,6 +104,8 @@ def _check_seconds(option: str, value: Any, *, allow_none: bool, allow_zero: boo
     if value < 0 or (value == 0 and not allow_zero) or value != value:
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigurationError(f"{option} must be {bound} seconds, got {value!r}")
+    if value == math.inf and option != "blocking_timeout":  # waiting for ever is fine; a TTL not
+        raise ConfigurationError(f"{option} must be a finite number of seconds, got {value!r}")
 
 
 class BaseLock:
@@ -177,8 +206,11 @@ class BaseLock:
     @property
     def lost(self) -> LostFlag:
         """Set when the watchdog found the current (or last) hold gone."""
+        hold: _Hold | None = getattr(self.local, "last_hold", None)
+        if hold is not None:
+            return hold.lost
         flag: LostFlag | None = getattr(self.local, "lost", None)
-        if flag is None:
+        if flag is None:  # never held: a flag that nothing will set
             flag = self.local.lost = LostFlag()
         return flag
 
@@ -215,7 +247,7 @@ class BaseLock:
             owner = token.decode() if isinstance(token, bytes) else str(token)
         deadline = None if blocking_timeout is None else clock.monotonic() + blocking_timeout
         waiter: _Waiter | None = None
-        backoff = Backoff(float(sleep), max(float(sleep), MAX_POLL_INTERVAL))
+        backoff: Backoff | None = None  # made when first needed: most acquires never wait
         try:
             while True:
                 if waiter is not None:
@@ -235,19 +267,19 @@ class BaseLock:
                     # and the subscription is caught by that second attempt.
                     waiter = self._waiter()
                     continue
+                if backoff is None:
+                    backoff = Backoff(float(sleep), max(float(sleep), MAX_POLL_INTERVAL))
                 waiter.wait(backoff.next_delay(remaining, attempt.holder_ttl))
         finally:
             if waiter is not None:
                 waiter.close()
 
     def _start_hold(self, value: bytes, fence: int | None) -> None:
-        flag = LostFlag()
-        self.local.lost = flag
-        hold = _Hold(value=value, fence=fence, pid=os.getpid(), lost=flag)
+        hold = _Hold(value, fence, os.getpid())
         if self.watchdog:
             hold.renewal = self._renewal(value, lambda reason: self._mark_lost(hold, reason))
             get_watchdog().watch(hold.renewal)
-        self.local.hold = hold
+        self.local.hold = self.local.last_hold = hold
         self.local.token = value
 
     def _mark_lost(self, hold: _Hold, reason: str) -> None:

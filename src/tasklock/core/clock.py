@@ -37,11 +37,39 @@ class SystemClock:
         return event.wait(max(0.0, timeout))
 
 
-clock: Clock = SystemClock()
+class _SwappableClock:
+    """The one :data:`clock` object every module imports (``from ... import clock`` binds the
+    object, so swapping the module global would not reach them); :func:`use_clock` swaps what
+    it delegates to. It holds the current clock's bound methods, so a read costs no extra call."""
+
+    def __init__(self, impl: Clock) -> None:
+        self.set(impl)
+
+    def set(self, impl: Clock) -> Clock:
+        previous: Clock | None = getattr(self, "impl", None)
+        self.impl = impl
+        self.monotonic = impl.monotonic  # type: ignore[method-assign]
+        self.wall = impl.wall  # type: ignore[method-assign]
+        self.wait = impl.wait  # type: ignore[method-assign]
+        return previous if previous is not None else impl
+
+    def monotonic(self) -> float:
+        return self.impl.monotonic()
+
+    def wall(self) -> float:
+        return self.impl.wall()
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        return self.impl.wait(event, timeout)
+
+
+clock: Clock = _SwappableClock(SystemClock())
 
 
 def use_clock(new: Clock) -> Clock:
-    """Replace the process clock (tests only); returns the previous one so it can be restored."""
-    global clock
-    previous, clock = clock, new
-    return previous
+    """Replace the process clock (tests only); returns the previous one so it can be restored.
+
+    Every module that did ``from tasklock.core.clock import clock`` sees the new clock at once.
+    """
+    assert isinstance(clock, _SwappableClock)
+    return clock.set(new)

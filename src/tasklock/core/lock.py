@@ -86,17 +86,30 @@ class Lock(BaseLock):
         self._keys = (self.name, self.fence_key)
         self._ttl_ms = max(1, int(self.ttl * 1000))
         self._channel = wake_channel(self.name)
+        self._acquiring = f"acquiring lock {self.name!r}"
+        self._releasing = f"releasing lock {self.name!r}"
+        self._bind(redis)
+
+    def _bind(self, client: Any) -> None:
+        # The hot path: acquire and release pre-encoded for this client (see BoundScript).
+        self._bound_to = client
+        self._acquire_script = ACQUIRE.bind(client, self._keys, (self._ttl_ms,))
+        self._release_script = RELEASE.bind(client, (self.name,), (self._channel,))
 
     def _attempt(self, token: str) -> Attempt:
-        with backend_errors(self.redis, f"acquiring lock {self.name!r}"):
-            ok, number = ACQUIRE(self.redis, self._keys, (token, self._ttl_ms))
+        if self.redis is not self._bound_to:
+            self._bind(self.redis)
+        with backend_errors(self.redis, self._acquiring):
+            ok, number = self._acquire_script(token)
         if ok:
             return Attempt(True, f"{token}#{number}".encode(), int(number))
         return Attempt(False, holder_ttl=number / 1000 if number >= 0 else None)
 
     def _release_value(self, value: bytes) -> bool:
-        with backend_errors(self.redis, f"releasing lock {self.name!r}"):
-            return bool(RELEASE(self.redis, (self.name,), (value, self._channel)))
+        if self.redis is not self._bound_to:
+            self._bind(self.redis)
+        with backend_errors(self.redis, self._releasing):
+            return bool(self._release_script(value))
 
     def _extend_value(self, value: bytes, seconds: float, replace: bool) -> bool:
         ms = max(1, int(seconds * 1000))

@@ -25,14 +25,19 @@ log = logging.getLogger("tasklock.wakeup")
 
 # How long a waiter waits for the SUBSCRIBE confirmation before relying on polling alone.
 SUBSCRIBE_CONFIRM_TIMEOUT = 1.0
+# A channel whose last waiter left stays subscribed this long (1-2 s in practice: the listener
+# sweeps once a second). The waiter that just got the lock does not pay for an UNSUBSCRIBE on its
+# way out, and a new waiter on the same lock soon after needs no SUBSCRIBE round trip.
+LINGER = 1.0
 
 
 class _Channel:
-    __slots__ = ("confirmed", "waiters")
+    __slots__ = ("confirmed", "idle_since", "waiters")
 
     def __init__(self) -> None:
         self.confirmed = threading.Event()
         self.waiters: set[threading.Event] = set()
+        self.idle_since: float | None = None  # when the last waiter left
 
 
 class WakeupHub:
@@ -43,17 +48,27 @@ class WakeupHub:
         self._channels: dict[bytes, _Channel] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._idle = 0  # channels with no waiter, lingering
+        self._swept = 0.0
 
-    def watch(self, channel: str) -> Subscription:
+    def watch(self, channel: str, event: threading.Event | None = None) -> Subscription:
         """Register a waiter on ``channel``; returns once the subscription is confirmed (or the
-        confirmation timed out, in which case the waiter still works by polling)."""
+        confirmation timed out, in which case the waiter still works by polling).
+
+        ``event`` lets several subscriptions (one per Redlock node) share one event, so a waiter
+        wakes on a release seen by any of them.
+        """
         name = channel.encode()
-        event = threading.Event()
+        if event is None:
+            event = threading.Event()
         with self._lock:
             entry = self._channels.get(name)
             new = entry is None
             if entry is None:
                 entry = self._channels[name] = _Channel()
+            if entry.idle_since is not None:
+                entry.idle_since = None
+                self._idle -= 1
             entry.waiters.add(event)
             if new:
                 try:
@@ -70,12 +85,30 @@ class WakeupHub:
             if entry is None:
                 return
             entry.waiters.discard(event)
-            if not entry.waiters:
+            if not entry.waiters and entry.idle_since is None:
+                entry.idle_since = clock.monotonic()  # unsubscribed later, by _sweep
+                self._idle += 1
+
+    def _sweep(self) -> None:
+        """Unsubscribe channels that have had no waiter for LINGER seconds (listener thread)."""
+        now = clock.monotonic()
+        if not self._idle or now - self._swept < LINGER / 2:
+            return
+        self._swept = now
+        with self._lock:
+            stale = [
+                name
+                for name, entry in self._channels.items()
+                if entry.idle_since is not None and now - entry.idle_since >= LINGER
+            ]
+            for name in stale:
                 del self._channels[name]
+                self._idle -= 1
+            if stale:
                 try:
-                    self._pubsub.unsubscribe(name)
+                    self._pubsub.unsubscribe(*stale)
                 except Exception as exc:
-                    log.debug("wake-up unsubscribe from %r failed: %s", name, exc)
+                    log.debug("wake-up unsubscribe failed: %s", exc)
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -95,21 +128,24 @@ class WakeupHub:
                     entry.confirmed.set()
                 threading.Event().wait(0.2)
                 continue
-            if not message:
-                continue
-            kind = message.get("type")
-            channel = message.get("channel")
-            if isinstance(channel, str):
-                channel = channel.encode()
-            with self._lock:
-                found = self._channels.get(channel) if channel is not None else None
-                if found is None:
-                    continue
-                if kind == "subscribe":
-                    found.confirmed.set()
-                elif kind == "message":
-                    for waiter in found.waiters:
-                        waiter.set()
+            if message:
+                self._dispatch(message)
+            self._sweep()
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        channel = message.get("channel")
+        if isinstance(channel, str):
+            channel = channel.encode()
+        with self._lock:
+            found = self._channels.get(channel) if channel is not None else None
+            if found is None:
+                return
+            if kind == "subscribe":
+                found.confirmed.set()
+            elif kind == "message":
+                for waiter in found.waiters:
+                    waiter.set()
 
 
 class Subscription:

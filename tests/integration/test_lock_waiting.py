@@ -1,0 +1,200 @@
+"""Waiting for a held lock against a real redis-server: deadlines, wake-up by release (in this
+process and in another one), wake-up by expiry, and threads contending for one name.
+
+The wake-up tests prove the waiter was woken by the release's PUBLISH and not by polling: the
+waiter's initial backoff is 30 s (so its first poll is 15-30 s away) and the holder's TTL is long,
+so only the wake-up can make it acquire within the test's deadline; and the server's own command
+counter shows that the waiter made no attempt between going to sleep and being woken.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from multiprocessing import get_context
+from pathlib import Path
+
+import pytest
+import redis
+
+import tasklock
+from tasklock.core.keys import wake_channel
+from tests.support.history import Hold, assert_fences_increase, assert_no_overlap
+from tests.support.polling import eventually
+from tests.support.servers import RedisServer
+
+# The waiter's first poll would come 15-30 s after it went to sleep: far beyond these deadlines.
+BIG_SLEEP = 30.0
+WAKE_DEADLINE = 10.0
+
+
+def evalsha_calls(r: redis.Redis) -> int:
+    stats = r.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0))
+
+
+def subscribers(r: redis.Redis, name: str) -> int:
+    channel = wake_channel(name)
+    return int(dict(r.pubsub_numsub(channel)).get(channel.encode(), 0))
+
+
+def wait_until_asleep(r: redis.Redis, name: str, attempts_before: int) -> None:
+    """The waiter subscribed and made its two attempts (before and after subscribing): it is now
+    in (or entering) its backoff sleep, armed for a wake-up."""
+    eventually(lambda: subscribers(r, name) >= 1, what="the waiter subscribed")
+    eventually(
+        lambda: evalsha_calls(r) >= attempts_before + 2, what="the waiter tried twice, then slept"
+    )
+
+
+@pytest.mark.parametrize(("blocking_timeout", "sleep"), [(0.3, 0.1), (0.5, BIG_SLEEP)])
+def test_blocking_timeout_is_honoured(
+    r: redis.Redis, blocking_timeout: float, sleep: float
+) -> None:
+    holder = tasklock.Lock(r, "busy", timeout=60)
+    assert holder.acquire()
+    waiter = tasklock.Lock(r, "busy", timeout=5, sleep=sleep)
+    start = time.monotonic()
+    assert waiter.acquire(blocking_timeout=blocking_timeout) is False
+    elapsed = time.monotonic() - start
+    assert elapsed >= blocking_timeout, "returned before the timeout"
+    assert elapsed < blocking_timeout + 2.0, f"took {elapsed:.2f}s for {blocking_timeout}s"
+    assert not waiter.owned()
+    holder.release()
+
+
+def test_blocking_timeout_from_the_constructor_and_context_manager(r: redis.Redis) -> None:
+    holder = tasklock.Lock(r, "busy-ctx", timeout=60)
+    assert holder.acquire()
+    waiter = tasklock.Lock(r, "busy-ctx", timeout=5, blocking_timeout=0.2)
+    start = time.monotonic()
+    with pytest.raises(tasklock.LockError, match="Unable to acquire lock"), waiter:
+        pytest.fail("entered a lock that is held")
+    assert time.monotonic() - start >= 0.2
+    assert tasklock.Lock(r, "busy-ctx", blocking=False).acquire() is False
+    holder.release()
+
+
+def test_waiter_thread_is_woken_by_release(r: redis.Redis) -> None:
+    holder = tasklock.Lock(r, "handoff", timeout=300)
+    assert holder.acquire()
+    waiter = tasklock.Lock(r, "handoff", timeout=30, sleep=BIG_SLEEP)
+    acquired = threading.Event()
+    outcome: list[bool] = []
+
+    def wait() -> None:
+        outcome.append(waiter.acquire(blocking_timeout=25))
+        acquired.set()
+
+    r.config_resetstat()
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    wait_until_asleep(r, "handoff", 0)
+    holder.release()  # one EVALSHA
+    assert acquired.wait(WAKE_DEADLINE), "not woken by the release"
+    thread.join(5)
+    assert outcome == [True]
+    assert evalsha_calls(r) == 4, "two tries, the release, one try after the wake-up: no polls"
+    assert waiter.owned() is False  # thread-local: owned by the waiter thread, not this one
+    assert r.get("handoff") is not None
+    # The channel lingers a moment (a waiter soon after needs no SUBSCRIBE), then goes.
+    eventually(lambda: subscribers(r, "handoff") == 0, timeout=5, what="unsubscribed")
+
+
+def _wait_in_other_process(port: int, name: str, result: str) -> None:
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+    lock = tasklock.Lock(client, name, timeout=30, sleep=BIG_SLEEP)
+    acquired = lock.acquire(blocking_timeout=25)
+    at = time.monotonic()
+    fence = lock.fence
+    if acquired:
+        lock.release()
+    Path(result + ".tmp").write_text(json.dumps({"acquired": acquired, "at": at, "fence": fence}))
+    os.replace(result + ".tmp", result)
+
+
+def test_waiter_in_another_process_is_woken_by_release(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    holder = tasklock.Lock(r, "handoff-proc", timeout=300)
+    assert holder.acquire()
+    result = tmp_path / "result.json"
+    r.config_resetstat()
+    process = get_context("spawn").Process(
+        target=_wait_in_other_process, args=(redis_server.port, "handoff-proc", str(result))
+    )
+    process.start()
+    try:
+        wait_until_asleep(r, "handoff-proc", 0)
+        released_at = time.monotonic()
+        holder.release()
+        process.join(WAKE_DEADLINE)
+        assert process.exitcode == 0, "the waiter was not woken by the release"
+    finally:
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+    report = json.loads(result.read_text())
+    assert report["acquired"] is True
+    assert report["fence"] == holder_fence_after(r, "handoff-proc")
+    assert report["at"] - released_at < WAKE_DEADLINE
+    # two tries, the release, the woken try, the waiter's own release: no polling in between
+    assert evalsha_calls(r) == 5
+
+
+def holder_fence_after(r: redis.Redis, name: str) -> int:
+    """The fence counter now: the waiter's hold was the last one issued."""
+    return int(r.get(f"{{{name}}}:fence") or 0)
+
+
+def test_waiter_is_woken_when_the_holders_key_expires(r: redis.Redis) -> None:
+    """A holder that dies publishes nothing; the waiter sleeps no longer than the holder's TTL."""
+    holder = tasklock.Lock(r, "expires", timeout=1.0)
+    assert holder.acquire()
+    waiter = tasklock.Lock(r, "expires", timeout=5, sleep=BIG_SLEEP)
+    start = time.monotonic()
+    # Without the clamp the first wait would be 12 s (cut to the deadline), not about 1 s.
+    assert waiter.acquire(blocking_timeout=12) is True
+    elapsed = time.monotonic() - start
+    assert elapsed < WAKE_DEADLINE, f"took {elapsed:.1f}s: the holder's TTL did not cut the wait"
+    assert waiter.fence == holder.fence + 1  # type: ignore[operator]
+    with pytest.raises(tasklock.LockNotOwnedError):
+        holder.release()
+    waiter.release()
+
+
+@pytest.mark.parametrize("shared_object", [False, True], ids=["own-objects", "one-object"])
+def test_threads_contending_for_one_name(r: redis.Redis, shared_object: bool) -> None:
+    threads, rounds = 6, 25
+    shared = tasklock.Lock(r, "threads")
+    holds: list[Hold] = []
+    record = threading.Lock()
+    errors: list[BaseException] = []
+
+    def contend() -> None:
+        try:
+            lock = shared if shared_object else tasklock.Lock(r, "threads")
+            for _ in range(rounds):
+                assert lock.acquire(blocking_timeout=30)
+                start = time.monotonic_ns()
+                fence = lock.fence
+                assert lock.owned()
+                end = time.monotonic_ns()
+                lock.release()
+                with record:
+                    holds.append(Hold("threads", fence, start, end, threading.get_ident()))
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=contend) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert errors == []
+    assert len(holds) == threads * rounds
+    assert_no_overlap(holds)
+    assert_fences_increase(holds)
+    assert not r.exists("threads")
