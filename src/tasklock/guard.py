@@ -31,6 +31,7 @@ from tasklock.config import TaskOptions, resolve_options, validate_options
 from tasklock.core.base import BaseLock
 from tasklock.core.connection import backend_errors, client_for_url
 from tasklock.core.lock import Lock
+from tasklock.core.owner import Holder
 from tasklock.core.scripts import CLAIM, DELETE_IF
 from tasklock.errors import (
     BackendUnavailable,
@@ -45,6 +46,13 @@ __all__ = ["Duplicate", "Guard", "reset_all"]
 log = logging.getLogger("tasklock")
 
 R = TypeVar("R")
+
+#: Fresh non-blocking attempts when the lock was released between a failed attempt and the look
+#: at its holder (the lock is free then: the call is no duplicate).
+_FREE_RETRIES = 3
+
+#: Claims of one pending marker before giving up when every twin it names turns out stale.
+_CLAIM_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -217,29 +225,62 @@ class Guard:
         return client_for_url(options.urls[0]) if options.urls else self._client()
 
     def claim_pending(
-        self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str
+        self,
+        args: Iterable[Any],
+        kwargs: Mapping[str, Any],
+        task_id: str,
+        *,
+        is_pending: Callable[[str], bool] | None = None,
+        delay: float = 0.0,
     ) -> str | None:
         """Mark this call as pending under ``task_id``; return the id of a pending twin, if any.
+
+        The marker lives ``pending_ttl`` seconds, plus ``delay`` (seconds until the call is due,
+        for a countdown/eta), so a call scheduled far ahead stays pending until it can run.
+
+        ``is_pending(task_id)``, when given, is asked about a twin's id before it is trusted: an
+        adapter that can see its framework's job states (RQ) answers False for a twin that is no
+        longer queued or running (finished, failed, cancelled, deleted, or never enqueued because
+        its producer died). Such a stale marker is cleared (only if it still names that id) and the
+        claim is tried again, so a missed clean-up costs one look-up, not ``pending_ttl`` of
+        refused enqueues.
 
         Fails closed like execution: an unreachable Redis raises BackendUnavailable (the caller
         then decides; nothing is enqueued silently twice or dropped).
         """
         key = self.pending_key(args, kwargs)
         client = self._marker_client()
-        ttl_ms = int(self.options.pending_ttl * 1000)
-        with backend_errors(client, f"marking {self.name} as pending"):
-            existing = CLAIM(client, (key,), (task_id, ttl_ms))
-        if existing is None:
-            return None
-        existing_id = existing.decode() if isinstance(existing, bytes) else str(existing)
-        stats.increment("deduplicated", self.name)
-        log.info(
-            "%s: not enqueued again, task %s with the same key is pending (key=%s)",
-            self.name,
-            existing_id,
-            key,
+        ttl_ms = int((self.options.pending_ttl + max(0.0, delay)) * 1000)
+        for _ in range(_CLAIM_ATTEMPTS):
+            with backend_errors(client, f"marking {self.name} as pending"):
+                existing = CLAIM(client, (key,), (task_id, ttl_ms))
+            if existing is None:
+                return None
+            existing_id = existing.decode() if isinstance(existing, bytes) else str(existing)
+            if is_pending is not None and not is_pending(existing_id):
+                log.info(
+                    "%s: pending marker named task %s, which is no longer queued or running; "
+                    "replacing it (key=%s)",
+                    self.name,
+                    existing_id,
+                    key,
+                )
+                with backend_errors(client, f"clearing a stale pending marker of {self.name}"):
+                    DELETE_IF(client, (key,), (existing_id,))
+                continue
+            stats.increment("deduplicated", self.name)
+            log.info(
+                "%s: not enqueued again, task %s with the same key is pending (key=%s)",
+                self.name,
+                existing_id,
+                key,
+            )
+            return existing_id
+        raise LockError(
+            f"{self.name}: could not claim the pending marker {key} in {_CLAIM_ATTEMPTS} attempts: "
+            "every twin it named was stale and another producer kept replacing it",
+            lock_name=key,
         )
-        return existing_id
 
     def clear_pending(
         self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str | None
@@ -279,8 +320,18 @@ class Guard:
         try:
             acquired = lock.acquire(blocking=False)
             waited = False
+            holder: Holder | None = None
+            holder_ttl: float | None = None
+            for _ in range(_FREE_RETRIES):
+                if acquired:
+                    break
+                holder, holder_ttl = lock.peek()
+                if holder is not None:
+                    break
+                # Released between our attempt and the look: the lock is free, so this call is
+                # no duplicate. Try again rather than skip work while nothing runs.
+                acquired = lock.acquire(blocking=False)
             if not acquired:
-                holder, _ = lock.peek()
                 if task_id and holder is not None and holder.meta.get("task") == task_id:
                     # Our own earlier attempt (Celery's self.retry sends the retry before the
                     # attempt's finally runs): it is releasing now, so wait for it.
@@ -300,10 +351,26 @@ class Guard:
                 exc,
             )
             return body(self._fence_kwargs(None))
+        except BaseException:
+            # Raised asynchronously (RQ's job timeout, Celery's soft time limit, Ctrl-C), it can
+            # land after the acquire script succeeded: never leave that hold to the watchdog,
+            # which would renew it for as long as this process lives.
+            if lock.fence is not None:
+                self._release(lock)
+            raise
         if not acquired:
-            return self._duplicate(lock, key, waited, on_skip, on_retry, duplicate_error)
-        stats.increment("acquired", self.name)
+            if waited or holder is None:
+                holder, holder_ttl = self._peek(lock)
+            duplicate = Duplicate(
+                self.name,
+                key,
+                holder.describe() if holder is not None else "unknown (released just now)",
+                holder_ttl,
+                waited,
+            )
+            return self._duplicate(duplicate, on_skip, on_retry, duplicate_error)
         try:
+            stats.increment("acquired", self.name)
             return body(self._fence_kwargs(lock.fence))
         finally:
             self._release(lock)
@@ -326,31 +393,25 @@ class Guard:
                 exc,
             )
 
+    @staticmethod
+    def _peek(lock: BaseLock) -> tuple[Holder | None, float | None]:
+        try:
+            return lock.peek()
+        except BackendUnavailable:
+            return None, None
+
     def _duplicate(
         self,
-        lock: BaseLock,
-        key: str,
-        waited: bool,
+        duplicate: Duplicate,
         on_skip: Callable[[Duplicate], R],
         on_retry: Callable[[Duplicate], R],
         duplicate_error: type[DuplicateTaskError],
     ) -> R:
-        try:
-            holder, holder_ttl = lock.peek()
-        except BackendUnavailable:
-            holder, holder_ttl = None, None
-        duplicate = Duplicate(
-            self.name,
-            key,
-            holder.describe() if holder is not None else "unknown (released just now)",
-            holder_ttl,
-            waited,
-        )
-        policy = self.options.on_wait_timeout if waited else self.options.on_duplicate
+        policy = self.options.on_wait_timeout if duplicate.waited else self.options.on_duplicate
         stats.increment(f"duplicate_{policy}", self.name)
         log.info("%s -> %s", duplicate.message(), policy)
         if policy == "raise":
-            raise duplicate_error(duplicate.message(), key, duplicate.holder)
+            raise duplicate_error(duplicate.message(), duplicate.key, duplicate.holder)
         if policy == "retry":
             return on_retry(duplicate)
         return on_skip(duplicate)

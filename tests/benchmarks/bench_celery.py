@@ -1,0 +1,203 @@
+"""End-to-end Celery throughput: a plain task, tasklock's singleton task, celery-singleton and
+celery-once, side by side in one run, against one real redis-server (broker, results and locks).
+"plain + 2 round trips" is the floor of any execution lock: a plain task whose body makes the two
+bare Redis round trips (acquire, release) that taking and releasing a lock cannot avoid.
+
+For each variant and round: enqueue N distinct calls into the variant's own queue while no worker
+consumes it (timed: the producer's cost), then tell one ``--pool=solo`` worker subprocess to consume
+that queue and time until the last result is stored (the worker's cost). The worker is the same
+process for every variant; rounds rotate the order so that no variant always runs first. Reported:
+the median rate of each phase, end to end (N / (enqueue + drain)), and the ratio to the plain task.
+
+    python tests/benchmarks/bench_celery.py [--n 2000] [--rounds 5]
+
+The script is also the worker's app module (``celery -A tests.benchmarks.bench_celery worker``),
+configured from ``BENCH_REDIS_URL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery_once import QueueOnce
+from celery_singleton import Singleton
+
+from tasklock.celery import singleton_task
+from tasklock.core.connection import client_for_url
+
+ROOT = Path(__file__).resolve().parents[2]
+URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:1/0")
+
+app = Celery("bench_celery", broker=URL, backend=URL, set_as_current=False)
+app.conf.update(
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    singleton_backend_url=URL,
+    ONCE={"backend": "celery_once.backends.Redis", "settings": {"url": URL}},
+    task_default_queue="bench_idle",
+)
+
+
+@app.task(name="bench.plain")
+def plain(i: int) -> int:
+    return i
+
+
+@app.task(name="bench.floor")
+def floor(i: int) -> int:
+    """A plain task plus two bare Redis round trips: what any execution lock costs at least."""
+    client = client_for_url(URL)
+    client.ping()
+    client.ping()
+    return i
+
+
+@singleton_task(app=app, name="bench.tasklock")
+def locked(i: int) -> int:
+    return i
+
+
+@singleton_task(app=app, name="bench.tasklock_dedupe", dedupe_enqueue=True)
+def locked_dedupe(i: int) -> int:
+    return i
+
+
+@app.task(name="bench.celery_singleton", base=Singleton)
+def celery_singleton(i: int) -> int:
+    return i
+
+
+@app.task(name="bench.celery_once", base=QueueOnce)
+def celery_once(i: int) -> int:
+    return i
+
+
+VARIANTS: dict[str, Any] = {
+    "plain task": plain,
+    "plain + 2 round trips": floor,
+    "tasklock singleton": locked,
+    "tasklock + dedupe_enqueue": locked_dedupe,
+    "celery-singleton": celery_singleton,
+    "celery-once": celery_once,
+}
+
+
+def _queue(name: str) -> str:
+    return "bench_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_round(
+    name: str, task: Any, n: int, worker: str, offset: int, pid: int
+) -> tuple[float, float, float]:
+    """(enqueue seconds, drain seconds, worker CPU seconds during the drain)."""
+    queue = _queue(name)
+    t0 = time.perf_counter()
+    results = [task.apply_async((offset + i,), queue=queue) for i in range(n)]
+    enqueue = time.perf_counter() - t0
+    cpu = _cpu_seconds(pid)
+    t1 = time.perf_counter()
+    app.control.add_consumer(queue, destination=[worker], reply=True, timeout=10)
+    # The solo worker takes one queue's messages in order; the last result is the last done.
+    results[-1].get(timeout=600)
+    drain = time.perf_counter() - t1
+    cpu = _cpu_seconds(pid) - cpu
+    app.control.cancel_consumer(queue, destination=[worker], reply=True, timeout=10)
+    failed = [r.id for r in results if r.state != "SUCCESS"]
+    if failed:
+        raise RuntimeError(f"{name}: {len(failed)} of {n} calls did not succeed")
+    return enqueue, drain, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=2000, help="calls per variant per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    options = parser.parse_args()
+
+    sys.path.insert(0, str(ROOT))
+    from tests.support.servers import start_servers
+
+    with start_servers(1) as (server,):
+        env = {**os.environ, "BENCH_REDIS_URL": server.url, "PYTHONPATH": str(ROOT)}
+        app.conf.update(
+            broker_url=server.url, result_backend=server.url, singleton_backend_url=server.url
+        )
+        app.conf.ONCE = {"backend": "celery_once.backends.Redis", "settings": {"url": server.url}}
+        hostname = f"bench-{os.getpid()}@localhost"
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.benchmarks.bench_celery", "worker",
+             "--pool=solo", "-Q", "bench_idle", "-n", hostname, "-l", "warning",
+             "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            env=env, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            _wait(lambda: bool(app.control.ping([hostname], timeout=0.5)), 60, "the worker")
+            # Warm up every variant (imports, script loading, connections) before measuring.
+            for offset, (name, task) in enumerate(VARIANTS.items()):
+                one_round(name, task, 50, hostname, 10_000_000 * (offset + 1), worker.pid)
+            timings: dict[str, list[tuple[float, float, float]]] = {name: [] for name in VARIANTS}
+            names = list(VARIANTS)
+            for round_no in range(options.rounds):
+                order = names[round_no % len(names) :] + names[: round_no % len(names)]
+                for name in order:
+                    timings[name].append(
+                        one_round(
+                            name, VARIANTS[name], options.n, hostname, round_no * options.n,
+                            worker.pid,
+                        )
+                    )  # fmt: skip
+        finally:
+            worker.terminate()
+            worker.wait(30)
+
+    n = options.n
+    rows = []
+    for name, runs in timings.items():
+        enqueue = statistics.median(n / e for e, _, _ in runs)
+        drain = statistics.median(n / d for _, d, _ in runs)
+        total = statistics.median(n / (e + d) for e, d, _ in runs)
+        cpu = statistics.median(c / n * 1e6 for _, _, c in runs)
+        rows.append((name, enqueue, drain, total, cpu))
+    base = rows[0]
+    print(
+        f"\nCelery end-to-end throughput, {n} distinct calls x {options.rounds} rounds, "
+        "one solo worker, Redis broker + results (median rates, calls/s; ratio to plain; "
+        "worker CPU per call while draining)\n"
+    )
+    print(
+        f"{'variant':28} {'enqueue':>16} {'drain (worker)':>18} {'end to end':>18} "
+        f"{'worker CPU/call':>16}"
+    )
+    for name, enqueue, drain, total, cpu in rows:
+        print(
+            f"{name:28} {enqueue:9.0f} {enqueue / base[1]:5.2f}x "
+            f"{drain:11.0f} {drain / base[2]:5.2f}x {total:11.0f} {total / base[3]:5.2f}x "
+            f"{cpu:10.0f} us"
+        )
+
+
+if __name__ == "__main__":
+    main()
