@@ -1,0 +1,1 @@
+"""RQ adapter tests: in-process SimpleWorker (fast), `rq worker` subprocesses (the rest)."""
