@@ -1,0 +1,59 @@
+"""The Django system check for ``settings.TASKLOCK``: one message per wrong setting.
+
+Ids are stable (users silence warnings with ``SILENCED_SYSTEM_CHECKS``); :data:`CHECK_IDS` is the
+table the README shows. Errors (``E``) stop ``manage.py check`` / ``runserver`` / ``migrate``;
+warnings (``W``) are legal settings that weaken the guarantees.
+
+The check reads the setting the same way tasks do (``tasklock.django.settings``), so what passes
+here is what workers accept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.core import checks
+
+from tasklock.config import Problem
+from tasklock.django.settings import inspect_setting
+
+__all__ = ["CHECK_IDS", "check_tasklock_setting", "to_message"]
+
+#: id -> what it means. E001-E008 and W001-W003 come from ``tasklock.config.check_options``
+#: (the same codes name the same mistakes in task options); E009 is Django's own.
+CHECK_IDS: dict[str, str] = {
+    "tasklock.E001": "unknown TASKLOCK key (typo, or a lower-case key)",
+    "tasklock.E002": "TTL, PENDING_TTL or WAIT_TIMEOUT is not a number of seconds in range "
+    "(TTL and PENDING_TTL > 0, WAIT_TIMEOUT >= 0)",
+    "tasklock.E003": "ON_DUPLICATE, ON_WAIT_TIMEOUT or ON_BACKEND_ERROR is not one of its policies",
+    "tasklock.E004": "DEDUPE_ENQUEUE or WATCHDOG is not a bool, or KEY_PREFIX is not a non-empty "
+    "string",
+    "tasklock.E005": "KEY is not None, a list of argument names or a callable",
+    "tasklock.E006": "URL or URLS is malformed (not redis://, rediss:// or unix://; URLS empty, "
+    "repeated, or exactly two masters)",
+    "tasklock.E007": "URL and URLS are both set",
+    "tasklock.E008": "KEY or FENCING set project-wide (they belong on the task decorator)",
+    "tasklock.E009": "TASKLOCK is not a dict",
+    "tasklock.W001": "TTL under 1 second",
+    "tasklock.W002": "ON_BACKEND_ERROR='run': tasks run unlocked while Redis is unreachable",
+    "tasklock.W003": "WATCHDOG=False: a task running longer than TTL loses its lock",
+}
+
+
+def to_message(problem: Problem) -> checks.CheckMessage:
+    """The Django check message of one problem (``tasklock.<code>``, hint included)."""
+    kind = checks.Warning if problem.warning else checks.Error
+    return kind(problem.message, hint=problem.hint or None, id=f"tasklock.{problem.code}")
+
+
+def check_tasklock_setting(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Every error and warning in ``settings.TASKLOCK`` (nothing when it is absent).
+
+    ``app_configs`` is ignored: the setting is project-wide, like Django's own settings checks.
+    """
+    _, problems = inspect_setting()
+    return [to_message(problem) for problem in problems]

@@ -1,0 +1,8 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class ShopConfig(AppConfig):
+    name = "tests.django_project.shop"
+    label = "shop"
