@@ -1,0 +1,54 @@
+"""The demo's Celery app: ``celery -A tasklock.demo.celery_tasks worker`` runs it.
+
+Broker, result backend and tasklock all use ``TASKLOCK_URL``; queue and key names carry the run's
+``TASKLOCK_KEY_PREFIX`` so that a demo against a shared Redis stays in its own namespace.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from celery import Celery
+
+from tasklock.celery import singleton_task
+from tasklock.demo import ledger
+
+__all__ = ["app", "celery_url", "rebuild_report", "settle"]
+
+
+def celery_url(url: str) -> str:
+    """``url`` as Celery and kombu spell it: a unix socket is ``redis+socket:///path``."""
+    parts = urlsplit(url)
+    if parts.scheme != "unix":
+        return url
+    db = parse_qs(parts.query).get("db", ["0"])[0]
+    return f"redis+socket://{parts.netloc}{parts.path}?virtual_host={db}"
+
+
+_url = celery_url(os.environ.get("TASKLOCK_URL", "redis://127.0.0.1:6379/0"))
+_namespace = ledger.namespace()
+
+app = Celery("tasklock_demo", broker=_url, backend=_url)
+app.conf.update(
+    task_default_queue=_namespace,
+    broker_transport_options={"global_keyprefix": f"{_namespace}:celery:"},
+    result_backend_transport_options={"global_keyprefix": f"{_namespace}:celery:"},
+    control_exchange=f"{_namespace}-control",
+    result_expires=600,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+)
+
+
+# One settlement per account at a time; the body gets a fence token to guard its write.
+@singleton_task(app=app, name="demo.settle", fencing=True)
+def settle(account_id: int, fence_token: int | None = None) -> dict[str, Any]:
+    return ledger.work("celery", "settle", account_id, fence_token, ledger.SETTLE_SECONDS)
+
+
+# dedupe_enqueue: asking again while one is queued or running returns that task's AsyncResult.
+@singleton_task(app=app, name="demo.rebuild_report", fencing=True, dedupe_enqueue=True)
+def rebuild_report(report_id: int, fence_token: int | None = None) -> dict[str, Any]:
+    return ledger.work("celery", "rebuild_report", report_id, fence_token, ledger.REBUILD_SECONDS)

@@ -1,0 +1,111 @@
+"""What the demo submits, how it learns each submission's fate, and what it checks.
+
+A submission either ran (its body recorded a run with a fence token in the ledger) or was skipped
+as a duplicate (tasklock put the holder in the task state / job meta). The checks are the promise
+of the library, verified on what really happened: every submission accounted for, no two runs of
+one call overlapping, fence tokens unique and increasing per call, every fenced write accepted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rq.job import JobStatus
+
+from tasklock.celery import DUPLICATE
+from tasklock.demo.processes import DemoError
+from tasklock.rq import META_KEY
+
+__all__ = ["Verdict", "at_once", "celery_verdict", "check_runs", "rq_verdict"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The fate of one submission."""
+
+    ran: bool
+    fence: int | None = None
+    holder: str | None = None  # skipped: who held the lock
+    state: str = ""  # skipped: the task state / where it is recorded
+
+
+def celery_verdict(result: Any, call: str) -> Verdict | None:
+    """None while the task is pending or running."""
+    state = result.state
+    if state == "SUCCESS":
+        return Verdict(ran=True, fence=result.result["fence"])
+    if state == DUPLICATE:  # skipped: tasklock stored the duplicate's details as the state meta
+        return Verdict(ran=False, holder=str(result.info.get("holder")), state=f"state {state}")
+    if state in ("FAILURE", "REVOKED"):
+        raise DemoError(f"Celery task {call} ended in {state}: {result.result!r}")
+    return None
+
+
+def rq_verdict(job: Any, call: str) -> Verdict | None:
+    """None while the job is queued or running."""
+    status = job.get_status(refresh=False)
+    if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+        error = (job.exc_info or "").strip().splitlines()
+        raise DemoError(f"RQ job {call} ended {status.value}: {error[-1] if error else '?'}")
+    if status != JobStatus.FINISHED:
+        return None
+    record = job.meta.get(META_KEY, {})  # tasklock's record of what it decided
+    if record.get("outcome") == "skipped":
+        holder = str(record["duplicate"].get("holder"))
+        return Verdict(ran=False, holder=holder, state=f'job.meta["{META_KEY}"]')
+    return Verdict(ran=True, fence=record.get("fence"))
+
+
+def at_once(submit: Callable[[], Any], times: int) -> list[Any]:
+    """Call ``submit`` from ``times`` threads released together by a barrier."""
+    barrier = threading.Barrier(times)
+
+    def call() -> Any:
+        barrier.wait(10)
+        return submit()
+
+    with ThreadPoolExecutor(times) as pool:
+        futures = [pool.submit(call) for _ in range(times)]
+        return [future.result() for future in futures]
+
+
+def check_runs(
+    label: str, runs: Sequence[dict[str, Any]], verdicts: Sequence[Verdict]
+) -> list[int]:
+    """DemoError on any broken promise; the fence tokens in the order they were handed out."""
+    ran = sum(1 for verdict in verdicts if verdict.ran)
+    if ran != len(runs):
+        raise DemoError(
+            f"{label}: {ran} submissions say they ran but {len(runs)} runs were recorded"
+        )
+    if not runs:
+        raise DemoError(f"{label}: nothing ran at all")
+    fences = [run["fence"] for run in runs]
+    if None in fences or len(set(fences)) != len(fences):
+        raise DemoError(f"{label}: fence tokens are missing or repeated: {fences}")
+    by_item: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        by_item[run["item"]].append(run)
+    for item, item_runs in by_item.items():
+        item_runs.sort(key=lambda run: run["start"])
+        for before, after in itertools.pairwise(item_runs):
+            if after["start"] < before["end"]:
+                raise DemoError(
+                    f"{label}({item}): two runs overlapped "
+                    f"(fence {before['fence']} and fence {after['fence']})"
+                )
+            if after["fence"] <= before["fence"]:
+                raise DemoError(
+                    f"{label}({item}): fence {after['fence']} ran after fence "
+                    f"{before['fence']}: tokens must increase"
+                )
+    rejected = [run["fence"] for run in runs if not run["accepted"]]
+    if rejected:
+        raise DemoError(f"{label}: fenced writes with tokens {rejected} were rejected as stale")
+    return sorted(fences)
