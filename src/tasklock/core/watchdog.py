@@ -286,33 +286,38 @@ class Watchdog:
             entry = flight.entry
             if entry.flight is not flight:
                 continue
-            entry.flight = None
-            if entry.cancelled:
-                continue  # released meanwhile: whatever the answer, it is not a loss
-            answers = [
-                NoAnswer("no answer in time") if answer is _PENDING else answer
-                for answer in flight.answers
-            ]
             try:
-                outcome = entry.judge(answers, now - flight.started)
-            except Exception:
-                log.exception("judging the renewal of lock %r failed", entry.name)
-                outcome = Outcome.UNREACHABLE
-            if outcome is Outcome.RENEWED:
-                entry.renewals += 1
-                entry.expires_at = flight.started + entry.ttl
-                entry.due = now + entry.ttl / 3
-            elif outcome is Outcome.LOST:
-                lost.append((entry, GONE))
-                continue
-            elif now >= entry.expires_at:
-                lost.append((entry, UNREACHABLE))
-                continue
-            else:
-                entry.due = min(now + min(entry.ttl / 10, 1.0), entry.expires_at)
-            heapq.heappush(self._heap, (entry.due, next(self._seq), entry))
-            entry.queued = True
-            earliest = entry.due if earliest is None else min(earliest, entry.due)
+                if entry.cancelled:
+                    continue  # released meanwhile: whatever the answer, it is not a loss
+                answers = [
+                    NoAnswer("no answer in time") if answer is _PENDING else answer
+                    for answer in flight.answers
+                ]
+                try:
+                    outcome = entry.judge(answers, now - flight.started)
+                except Exception:
+                    log.exception("judging the renewal of lock %r failed", entry.name)
+                    outcome = Outcome.UNREACHABLE
+                if outcome is Outcome.RENEWED:
+                    entry.renewals += 1
+                    entry.expires_at = flight.started + entry.ttl
+                    entry.due = now + entry.ttl / 3
+                elif outcome is Outcome.LOST:
+                    lost.append((entry, GONE))
+                    continue
+                elif now >= entry.expires_at:
+                    lost.append((entry, UNREACHABLE))
+                    continue
+                else:
+                    entry.due = min(now + min(entry.ttl / 10, 1.0), entry.expires_at)
+                heapq.heappush(self._heap, (entry.due, next(self._seq), entry))
+                entry.queued = True
+                earliest = entry.due if earliest is None else min(earliest, entry.due)
+            finally:
+                # Last: "no round in flight" must mean the round is concluded and scheduled (a
+                # lost entry keeps it until its loss has been reported, see _report).
+                if not lost or lost[-1][0] is not entry:
+                    entry.flight = None
         for entry, _ in lost:
             entry.cancelled = True
             self._live.discard(entry)
@@ -327,6 +332,8 @@ class Watchdog:
                 entry.on_lost(reason)
             except Exception:
                 log.exception("on_lost callback for lock %r failed", entry.name)
+            finally:
+                entry.flight = None
 
 
 _watchdog: Watchdog | None = None

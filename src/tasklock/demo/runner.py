@@ -20,6 +20,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -82,16 +83,30 @@ def run(url: str | None, out: TextIO) -> None:
 # --- signals ------------------------------------------------------------------------------------
 
 
+#: Set by any interrupting signal. Python swallows an exception raised inside ``__del__`` (a
+#: Ctrl-C that lands while Celery's AsyncResult is being collected, say), so the demo also checks
+#: this flag at every step and every poll.
+_interrupted = threading.Event()
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    _interrupted.set()
     raise KeyboardInterrupt
+
+
+def check_interrupted() -> None:
+    """Raise KeyboardInterrupt if a signal came in, even one whose exception was swallowed."""
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP interrupt like Ctrl-C, so that cleanup runs for them too."""
+    """SIGINT, SIGTERM and SIGHUP interrupt (and are remembered), so that cleanup runs."""
     previous: dict[signal.Signals, Any] = {}
+    _interrupted.clear()
     with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous[signum] = signal.signal(signum, _interrupt)
     try:
         yield
@@ -138,8 +153,10 @@ class Demo:
         self.cleanup = cleanup
         self.namespace = f"tasklock-demo-{secrets.token_hex(3)}"
         self.rq_job_ids: list[str] = []
+        self.rq_locks_before: set[bytes] = set()
 
     def say(self, text: str = "") -> None:
+        check_interrupted()
         print(text, file=self.out, flush=True)
 
     # -- setup ----------------------------------------------------------------------------------
@@ -205,6 +222,9 @@ class Demo:
             client.ping()
         except redis.exceptions.RedisError as exc:
             raise DemoError(f"cannot use --url {redact_url(url)}: {exc}") from exc
+        # RQ's workers take global maintenance locks (rq:clean_*, with a TTL); delete at the end
+        # only those that did not exist before this run.
+        self.rq_locks_before = set(client.scan_iter(match="rq:clean_*", count=500))
         self.cleanup.callback(self._delete_keys, client)
         return url, f"{redact_url(url)} (--url); keys under {self.namespace!r}, deleted at the end"
 
@@ -213,7 +233,9 @@ class Demo:
         doomed = list(client.scan_iter(match=f"{self.namespace}*", count=500))
         ours = (self.namespace, *self.rq_job_ids)
         for key in client.scan_iter(match="rq:*", count=500):
-            if any(mark in key.decode(errors="replace") for mark in ours):
+            names_ours = any(mark in key.decode(errors="replace") for mark in ours)
+            new_lock = key.startswith(b"rq:clean_") and key not in self.rq_locks_before
+            if names_ours or new_lock:
                 doomed.append(key)
         for start in range(0, len(doomed), 500):
             client.delete(*doomed[start : start + 500])
@@ -235,6 +257,7 @@ class Demo:
         verdicts: dict[str, Verdict] = {}
 
         def all_done() -> bool:
+            check_interrupted()
             verdicts.update(verdicts_of([h for h in pending if h not in verdicts]))
             return len(verdicts) == len(pending)
 
