@@ -6,6 +6,7 @@ crash, pause or run for hours.
 """
 
 from tasklock.core.lock import Lock
+from tasklock.core.redlock import Redlock
 from tasklock.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -34,5 +35,6 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "QuorumNotReached",
+    "Redlock",
     "TaskLockError",
 ]

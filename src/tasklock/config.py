@@ -208,12 +208,13 @@ def check_options(
                     bad("urls", message, "e.g. redis://node-1:6379/0", "E006")
             if len(set(urls)) != len(urls):
                 bad("urls", f"urls lists the same server twice: {list(urls)!r}", "", "E006")
-            elif len(urls) == 2:
+            elif len(urls) % 2 == 0:
+                n = len(urls)
                 bad(
                     "urls",
-                    "urls has 2 masters: Redlock needs both (quorum 2 of 2), so it tolerates no "
-                    "failure and is worse than one",
-                    "use 1 (no fault tolerance), 3 (tolerates 1) or 5 (tolerates 2)",
+                    f"urls has {n} masters: Redlock needs {n // 2 + 1} of them, so it tolerates "
+                    f"{n // 2 - 1} failed master(s), no more than {n - 1} masters would",
+                    "use an odd number: 1 (no fault tolerance), 3 (tolerates 1) or 5 (tolerates 2)",
                     "E006",
                 )
     if get("url") is not None and get("urls") is not None:

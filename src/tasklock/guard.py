@@ -184,29 +184,18 @@ class Guard:
         """The execution lock object for ``key`` (Redlock when ``urls`` is configured)."""
         options = self.options
         owner = {"task": task_id, "name": self.name} if task_id else {"name": self.name}
-        on_lost = self._on_lost
+        common: dict[str, Any] = {
+            "timeout": options.ttl,
+            "fence_key": self.fence_key,
+            "watchdog": options.watchdog,
+            "on_lost": self._on_lost,
+            "owner_info": owner,
+        }
         if options.urls:
             from tasklock.core.redlock import Redlock
 
-            redlock: BaseLock = Redlock(
-                list(options.urls),
-                key,
-                timeout=options.ttl,
-                fence_key=self.fence_key,
-                watchdog=options.watchdog,
-                on_lost=on_lost,
-                owner_info=owner,
-            )
-            return redlock
-        return Lock(
-            self._client(),
-            key,
-            timeout=options.ttl,
-            fence_key=self.fence_key,
-            watchdog=options.watchdog,
-            on_lost=on_lost,
-            owner_info=owner,
-        )
+            return Redlock(list(options.urls), key, **common)
+        return Lock(self._client(), key, **common)
 
     def _on_lost(self, lock: BaseLock) -> None:
         stats.increment("lost", self.name)

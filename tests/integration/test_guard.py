@@ -227,3 +227,24 @@ def test_no_redis_configured_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
     guard = Guard(settle, "app.nowhere", {})
     with pytest.raises(ConfigurationError, match="no Redis configured.*TASKLOCK_URL"):
         guard.lock_key((1,), {}) and guard.lock_for("k")
+
+
+def test_urls_use_redlock_and_duplicates_name_the_holder() -> None:
+    from tests.support.servers import start_servers
+
+    with start_servers(3) as servers:
+        guard = Guard(settle, "app.redlocked", {"urls": [s.url for s in servers], "fencing": True})
+        _, finish, thread = hold_in_thread(guard, (1,), task_id="first")
+        try:
+            outcome, duplicate = run(guard, (1,), task_id="second")
+            assert outcome == "skipped"
+            assert "task=first" in duplicate.holder
+            assert duplicate.holder_ttl is not None
+            assert 0 < duplicate.holder_ttl <= 30
+            key = guard.lock_key((1,), {})
+            assert sum(bool(s.client().exists(key)) for s in servers) >= 2
+        finally:
+            finish.set()
+            thread.join()
+        assert run(guard, (1,)) == "settled 1 today 2"
+        assert not any(s.client().exists(guard.lock_key((1,), {})) for s in servers)

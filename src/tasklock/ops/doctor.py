@@ -36,6 +36,7 @@ import redis.exceptions as redis_errors
 
 from tasklock.core.base import DEFAULT_TTL
 from tasklock.core.connection import backend_errors, client_for_url
+from tasklock.core.redlock import DEFAULT_DRIFT_EXTRA_MS, DEFAULT_DRIFT_FACTOR, drift_for
 from tasklock.errors import BackendUnavailable
 
 __all__ = [
@@ -50,9 +51,6 @@ __all__ = [
     "run_doctor",
 ]
 
-#: Redlock's clock drift allowance: ``ttl * DRIFT_FACTOR + DRIFT_FLOOR`` seconds.
-DRIFT_FACTOR = 0.01
-DRIFT_FLOOR = 0.002
 PING_COUNT = 5
 LATENCY_WARN = 0.050
 LATENCY_FAIL = 1.0
@@ -150,7 +148,7 @@ def redact_url(url: str) -> str:
 
 def drift_allowance(ttl: float = DEFAULT_TTL) -> float:
     """Redlock's clock drift allowance for a TTL, in seconds (0.302 for the default 30 s)."""
-    return ttl * DRIFT_FACTOR + DRIFT_FLOOR
+    return drift_for(ttl, DEFAULT_DRIFT_FACTOR, DEFAULT_DRIFT_EXTRA_MS)
 
 
 def _text(value: Any) -> str:

@@ -1,0 +1,453 @@
+"""Redlock under real faults: masters SIGKILLed or SIGSTOPped (every subset, N = 3 and N = 5),
+masters that answer too late for the validity time, restarts with AOF, random pauses while fence
+tokens keep increasing, contending processes checked by the history checker, and a holder process
+paused past its TTL whose late write the fenced register rejects.
+
+The lock clients keep redis-py's 5 s socket timeout: a call that waited on a stalled master's
+socket instead of its per-node deadline would blow the time bounds below. The bounds are derived
+from the configured deadline with generous slack for a loaded machine; they are not benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+
+from tasklock.core.keys import wake_channel
+from tasklock.core.redlock import Redlock, fault_tolerance
+from tasklock.errors import QuorumNotReached
+from tests.support.history import (
+    FencedRegister,
+    HistoryLog,
+    Hold,
+    assert_fences_increase,
+    assert_no_overlap,
+    run_processes,
+)
+from tests.support.polling import eventually
+from tests.support.servers import RedisServer, start_servers
+
+NODE_TIMEOUT = 0.2  # a live master on a loaded 2-core CI box answers well within this
+SLACK = 1.0  # scheduling on a busy 2-core CI machine; still far below a 5 s socket timeout
+# An acquire is at most three fan-outs (round 1, round 2, undo), each bounded by the deadline.
+ACQUIRE_BOUND = 3 * NODE_TIMEOUT + SLACK
+RELEASE_BOUND = NODE_TIMEOUT + SLACK
+CLEANUP = 5.0  # well below the 10 s TTL: a key gone by then was deleted, not expired
+
+
+@pytest.fixture(scope="module")
+def three() -> Iterator[list[RedisServer]]:
+    with start_servers(3) as servers:
+        yield servers
+
+
+def restore(servers: list[RedisServer]) -> None:
+    for server in servers:
+        if not server.running:
+            server.start()
+        elif server.paused:
+            server.resume()
+
+
+def nothing_left(clients: list[redis.Redis], name: str) -> bool:
+    return not any(client.exists(name) for client in clients)
+
+
+def assert_cleaned_up(clients: list[redis.Redis], name: str, what: str) -> None:
+    """No master holds ``name`` within CLEANUP seconds; else say which ones hold what."""
+    try:
+        eventually(lambda: nothing_left(clients, name), timeout=CLEANUP, what=what)
+    except AssertionError:
+        left = [(i, c.get(name), c.pttl(name)) for i, c in enumerate(clients) if c.exists(name)]
+        raise AssertionError(f"{what}: still held (master, value, pttl ms): {left}") from None
+
+
+def check_every_subset(servers: list[RedisServer], mode: str) -> int:
+    """Stop or pause each subset of masters in turn; returns the number of cases run."""
+    n = len(servers)
+    tolerance = fault_tolerance(n)
+    lock_clients = [server.client() for server in servers]
+    checks = [server.client() for server in servers]
+    cases = 0
+    try:
+        for size in range(1, n + 1):
+            for subset in itertools.combinations(range(n), size):
+                name = f"subset-{mode}-{n}-{''.join(map(str, subset))}"
+                lock = Redlock(lock_clients, name, timeout=10, node_timeout=NODE_TIMEOUT)
+                down = [servers[i] for i in subset]
+                for server in down:
+                    server.stop() if mode == "stop" else server.pause()
+                try:
+                    started = time.monotonic()
+                    if size <= tolerance:
+                        assert lock.acquire(blocking=False) is True, f"{mode} {subset}"
+                        took = time.monotonic() - started
+                        assert took < ACQUIRE_BOUND, f"acquire with {subset} {mode}: {took:.2f}s"
+                        assert lock.fence == 1
+                        live = [c for i, c in enumerate(checks) if i not in subset]
+                        assert sum(c.get(name) == lock.local.token for c in live) >= n // 2 + 1
+                        started = time.monotonic()
+                        lock.release()
+                        took = time.monotonic() - started
+                        assert took < RELEASE_BOUND, f"release with {subset} {mode}: {took:.2f}s"
+                    else:
+                        with pytest.raises(QuorumNotReached) as info:
+                            lock.acquire(blocking=False)
+                        took = time.monotonic() - started
+                        assert took < ACQUIRE_BOUND, f"failing with {subset} {mode}: {took:.2f}s"
+                        assert set(info.value.failures) == {s.url for s in down}, info.value
+                        assert lock.fence is None
+                finally:
+                    restore(down)
+                # Nothing left anywhere, the resumed masters included: an undo or release queued
+                # behind a SET they had not answered runs right after it.
+                assert_cleaned_up(checks, name, f"no key left after {mode} {subset}")
+                cases += 1
+    finally:
+        restore(servers)
+        for client in lock_clients + checks:
+            client.close()
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["stop", "pause"])
+def test_every_subset_of_three_masters(three: list[RedisServer], mode: str) -> None:
+    for client in (server.client() for server in three):
+        client.flushall()
+        client.close()
+    assert check_every_subset(three, mode) == 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["stop", "pause"])
+def test_every_subset_of_five_masters(nodes: list[RedisServer], mode: str) -> None:
+    assert check_every_subset(nodes, mode) == 31
+
+
+def test_latency_beyond_validity_fails_and_undoes_everywhere(nodes: list[RedisServer]) -> None:
+    clients = [server.client() for server in nodes]
+    # Validity = 2 s - elapsed - (2 s * 0.5 + 2 ms): gone once round 1 took more than ~1 s. The
+    # deadline is long so that the paused masters' late answers still count as yes.
+    lock = Redlock(clients, "slow", timeout=2, drift_factor=0.5, node_timeout=5)
+    # Connected to every master beforehand, so round 1 reaches all five at once (a master whose
+    # first connection was still being set up when the quorum formed would never get the SET).
+    with Redlock(clients, "warm-up", timeout=2):
+        pass
+    channel = wake_channel("slow")
+    listeners = []
+    for client in clients:
+        listener = client.pubsub(ignore_subscribe_messages=True)
+        listener.subscribe(channel)
+        eventually(lambda c=client: dict(c.pubsub_numsub(channel)).get(channel.encode(), 0) >= 1)  # type: ignore[misc]
+        listeners.append(listener)
+    for server in nodes[:3]:
+        server.pause()
+    result: dict[str, Any] = {}
+    began = threading.Event()
+
+    def attempt() -> None:
+        result["started"] = time.monotonic()
+        began.set()
+        result["acquired"] = lock.acquire(blocking=False)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    try:
+        thread.start()
+        assert began.wait(10)
+        # The fault: the majority stays silent for longer than the validity time.
+        eventually(lambda: time.monotonic() > result["started"] + 1.2, what="1.2 s of silence")
+    finally:
+        for server in nodes[:3]:
+            server.resume()
+    thread.join(15)
+    assert not thread.is_alive()
+    assert result["acquired"] is False
+    assert lock.fence is None
+    # Round 1 reached all five (late), so the undo went to all five, and each deleted our key
+    # (the release script publishes only when it deleted): released, not left to expire.
+    for index, listener in enumerate(listeners):
+        message = eventually(
+            lambda lst=listener: lst.get_message(timeout=0.05),  # type: ignore[misc]
+            what=f"master {index} published the undo",
+        )
+        assert message["data"] == b"slow"
+        listener.close()
+    assert nothing_left(clients, "slow")
+    assert all(client.get("{slow}:fence") is None for client in clients), "round 2 ran"
+    for client in clients:
+        client.close()
+
+
+def test_release_not_waited_for_still_runs_on_a_master_without_the_script(
+    nodes: list[RedisServer],
+) -> None:
+    """A master that has not loaded the release script (new, restarted, SCRIPT FLUSH) answers
+    the release with NOSCRIPT: the release did not run. When nobody waits for that answer (a
+    quorum of others already said yes), it must still be run, not dropped."""
+    clients = [server.client() for server in nodes]
+    lock = Redlock(clients, "noscript", timeout=10, node_timeout=NODE_TIMEOUT)
+
+    def held_everywhere() -> bool:
+        # A master that was not connected yet when a quorum had answered never got the SET.
+        assert lock.acquire()
+        try:
+            eventually(lambda: all(c.exists("noscript") for c in clients), timeout=1.0)
+        except AssertionError:
+            lock.release()
+            return False
+        return True
+
+    eventually(held_everywhere, what="a hold on all five masters")
+    clients[0].script_flush()
+    nodes[0].pause()
+    try:
+        lock.release()  # the other four answer; master 0's answer is not waited for
+    finally:
+        nodes[0].resume()
+    assert_cleaned_up(clients, "noscript", "released on the master without the script")
+    for client in clients:
+        client.close()
+
+
+@pytest.mark.slow
+def test_fences_strictly_increase_through_pauses_and_aof_restarts() -> None:
+    """Fences are exactly 1, 2, 3, ... while random minorities are paused and a majority of the
+    masters restarts with AOF on: the counters survive. Without persistence, the round after the
+    restart reads counters only from restarted masters and the fence goes back to 1."""
+    rng = random.Random(20240601)
+    with start_servers(5, appendonly=True) as servers:
+        clients = [server.client() for server in servers]
+        checks = [server.client() for server in servers]
+        lock = Redlock(clients, "aof", timeout=10, node_timeout=NODE_TIMEOUT)
+        fences: list[int] = []
+        for round_number in range(40):
+            if round_number == 20:
+                for server in servers[:3]:
+                    server.restart()  # SIGKILL; the AOF (appendfsync always) is replayed
+                paused = servers[3:]  # round 1 can only hear from the restarted masters
+            else:
+                paused = rng.sample(servers, rng.randint(0, 2))
+            for server in paused:
+                server.pause()
+            try:
+                assert lock.acquire(blocking=False), f"round {round_number}"
+                fences.append(lock.fence or 0)
+                lock.release()
+            finally:
+                restore(paused)
+            assert_cleaned_up(checks, "aof", f"round {round_number}")
+        assert fences == list(range(1, 41)), fences
+        for client in clients + checks:
+            client.close()
+
+
+# -- processes ------------------------------------------------------------------------------------
+def contend(urls: list[str], name: str, history: str, register: str, rounds: int) -> None:
+    lock = Redlock(urls, name, timeout=10, node_timeout=0.25)
+    log = HistoryLog(history)
+    cell = FencedRegister(register)
+    for _ in range(rounds):
+        assert lock.acquire(blocking_timeout=60)
+        start = time.monotonic_ns()
+        fence = lock.fence
+        assert fence is not None
+        assert cell.write(name, fence, str(os.getpid())), f"fresh fence {fence} rejected"
+        end = time.monotonic_ns()
+        log.record(Hold(name, fence, start, end, os.getpid()))
+        lock.release()
+
+
+@pytest.mark.slow
+def test_processes_contending_never_overlap(nodes: list[RedisServer], tmp_path: Path) -> None:
+    history, register = tmp_path / "history.jsonl", tmp_path / "register.db"
+    FencedRegister(register)
+    urls = [server.url for server in nodes]
+    run_processes(
+        contend,
+        [(urls, "contended", str(history), str(register), 8) for _ in range(4)],
+        timeout=90,
+    )
+    holds = HistoryLog(history).holds()
+    assert len(holds) == 32
+    assert len({h.pid for h in holds}) == 4
+    assert_no_overlap(holds)
+    assert_fences_increase(holds)
+    FencedRegister(register).assert_consistent()
+
+
+def paused_holder(urls: list[str], name: str, workdir: str, register: str) -> None:
+    """Take the lock (1 s TTL, no watchdog), say so, and once told to go on (after having been
+    SIGSTOPped past the TTL) write through the fenced register as if still holding it."""
+    folder = Path(workdir)
+    lock = Redlock(urls, name, timeout=1.0, node_timeout=0.25)
+    assert lock.acquire(blocking_timeout=30)
+    fence = lock.fence
+    (folder / "held.tmp").write_text(str(fence))
+    (folder / "held.tmp").rename(folder / "held")
+    deadline = time.monotonic() + 60
+    while not (folder / "go").exists():  # the parent creates it after resuming us
+        assert time.monotonic() < deadline, "never told to go on"
+        time.sleep(0.01)
+    accepted = FencedRegister(register).write(name, fence or 0, "paused holder")
+    (folder / "result.tmp").write_text(json.dumps({"fence": fence, "accepted": accepted}))
+    (folder / "result.tmp").rename(folder / "result")
+
+
+@pytest.mark.slow
+def test_holder_paused_past_its_ttl_is_fenced_off(nodes: list[RedisServer], tmp_path: Path) -> None:
+    urls = [server.url for server in nodes]
+    register = FencedRegister(tmp_path / "register.db")
+    process = get_context("spawn").Process(
+        target=paused_holder, args=(urls, "pp", str(tmp_path), str(tmp_path / "register.db"))
+    )
+    process.start()
+    try:
+        eventually(lambda: (tmp_path / "held").exists(), timeout=60, what="the holder has it")
+        first_fence = int((tmp_path / "held").read_text())
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            second = Redlock(urls, "pp", timeout=10, node_timeout=0.25)
+            # Only the paused holder's TTL running out frees the lock.
+            assert second.acquire(blocking_timeout=30)
+            assert second.fence is not None
+            assert second.fence > first_fence
+            assert register.write("pp", second.fence, "new holder") is True
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        (tmp_path / "go").touch()
+        eventually(lambda: (tmp_path / "result").exists(), timeout=60, what="the late write")
+        result = json.loads((tmp_path / "result").read_text())
+        assert result == {"fence": first_fence, "accepted": False}, "the stale write got in"
+        second.release()
+    finally:
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+    assert process.exitcode == 0
+    writes = register.writes()
+    assert [(w["payload"], bool(w["accepted"])) for w in writes] == [
+        ("new holder", True),
+        ("paused holder", False),
+    ]
+    register.assert_consistent()
+
+
+# -- property-based sequences -------------------------------------------------------------------
+class RedlockSequences(RuleBasedStateMachine):
+    """Two contenders for one name; acquire, release, extend, and pausing or resuming masters in
+    any order. Checked throughout: never two holders, fences strictly increase, only the
+    documented errors (QuorumNotReached needs a paused master), a free lock with every master up
+    is taken; and at the end nothing is left on any master."""
+
+    servers: list[RedisServer] = []
+    clients: list[redis.Redis] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = f"seq-{uuid.uuid4().hex[:8]}"
+        self.locks = [
+            Redlock(self.clients, self.name, timeout=10, node_timeout=NODE_TIMEOUT)
+            for _ in range(2)
+        ]
+        self.holder: int | None = None
+        self.paused: set[int] = set()
+        self.last_fence = 0
+
+    @rule(who=st.integers(0, 1))
+    def acquire(self, who: int) -> None:
+        if self.holder == who:
+            return
+        if not self.paused and self.holder is None:
+            # Earlier holds and attempts are cleaned up right after their masters resume.
+            eventually(lambda: nothing_left(self.clients, self.name), timeout=CLEANUP)
+        lock = self.locks[who]
+        try:
+            acquired = lock.acquire(blocking=False)
+        except QuorumNotReached:
+            assert len(self.paused) > fault_tolerance(len(self.servers))
+            return
+        assert len(self.paused) <= fault_tolerance(len(self.servers)), "no quorum, yet held"
+        if acquired:
+            assert self.holder is None, "two holders at once"
+            assert lock.fence is not None
+            assert lock.fence > self.last_fence
+            self.last_fence = lock.fence
+            self.holder = who
+        else:
+            assert self.holder is not None or self.paused, "a free lock was refused"
+
+    @precondition(lambda self: self.holder is not None)
+    @rule()
+    def release(self) -> None:
+        assert self.holder is not None
+        lock, self.holder = self.locks[self.holder], None
+        try:
+            lock.release()
+        except QuorumNotReached:
+            assert self.paused
+
+    @precondition(lambda self: self.holder is not None)
+    @rule(seconds=st.sampled_from([10, 20]), replace=st.booleans())
+    def extend(self, seconds: int, replace: bool) -> None:
+        assert self.holder is not None
+        try:
+            assert self.locks[self.holder].extend(seconds, replace_ttl=replace) is True
+        except QuorumNotReached:
+            assert self.paused
+
+    @rule(index=st.integers(0, 4))
+    def pause_or_resume(self, index: int) -> None:
+        server = self.servers[index]
+        if index in self.paused:
+            server.resume()
+            self.paused.discard(index)
+        else:
+            server.pause()
+            self.paused.add(index)
+
+    def teardown(self) -> None:
+        restore(self.servers)
+        if self.holder is not None:
+            with contextlib.suppress(QuorumNotReached):
+                self.locks[self.holder].release()
+        eventually(lambda: nothing_left(self.clients, self.name), timeout=CLEANUP)
+
+
+@pytest.mark.slow
+def test_sequences_of_acquire_release_extend_and_pauses(nodes: list[RedisServer]) -> None:
+    clients = [server.client() for server in nodes]
+    RedlockSequences.servers = nodes
+    RedlockSequences.clients = clients
+    try:
+        run_state_machine_as_test(
+            RedlockSequences,
+            settings=settings(
+                max_examples=25,
+                stateful_step_count=12,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+    finally:
+        restore(nodes)
+        for client in clients:
+            client.close()
