@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import multiprocessing
 import os
@@ -45,6 +44,7 @@ import redis_lock  # noqa: E402
 import tasklock  # noqa: E402
 from tasklock.core.keys import wake_channel  # noqa: E402
 from tasklock.core.watchdog import get_watchdog  # noqa: E402
+from tests.benchmarks.interleave import measure, print_ratios  # noqa: E402
 from tests.support.servers import start_servers  # noqa: E402
 
 TTL_MS = 30_000
@@ -92,35 +92,14 @@ def cycle_variants(r: redis.Redis) -> dict[str, Callable[[], None]]:
 
 
 def bench_cycle(port: int, cycles: int, rounds: int) -> dict[str, dict[str, float]]:
-    """Per variant: median and best wall-clock microseconds per cycle, and median CPU
-    microseconds per cycle in this process (less sensitive to a busy machine's scheduling)."""
+    """Per variant: median/best wall-clock and median CPU microseconds per cycle."""
     r = client_for(port)
     variants = cycle_variants(r)
-    for run in variants.values():  # warm up: connections, script loads, caches
-        for _ in range(300):
-            run()
-    wall: dict[str, list[float]] = {name: [] for name in variants}
-    cpu: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for round_ in range(rounds):
-        order = names[round_ % len(names) :] + names[: round_ % len(names)]
-        for name in order:
-            run = variants[name]
-            gc.collect()
-            cpu_start, start = time.process_time_ns(), time.perf_counter_ns()
-            for _ in range(cycles):
-                run()
-            wall[name].append((time.perf_counter_ns() - start) / cycles / 1000)
-            cpu[name].append((time.process_time_ns() - cpu_start) / cycles / 1000)
+    results = measure(
+        variants, dict.fromkeys(variants, cycles), rounds, dict.fromkeys(variants, 300)
+    )
     r.close()
-    return {
-        name: {
-            "median": statistics.median(wall[name]),
-            "best": min(wall[name]),
-            "cpu": statistics.median(cpu[name]),
-        }
-        for name in variants
-    }
+    return results
 
 
 # -- (b) hand-off ---------------------------------------------------------------------------------
@@ -232,18 +211,8 @@ def bench_watchdog(port: int, count: int, ticks: int) -> dict[str, Any]:
 
 
 def report_cycle(cycle: dict[str, dict[str, float]], rounds: int, cycles: int) -> None:
-    floor = cycle[FLOOR]
-    print(f"\n(a) acquire + release cycle: {rounds} interleaved rounds of {cycles}")
-    print(
-        f"    {'variant':<28} {'median us':>9} {'x floor':>7} {'best us':>8} {'x floor':>7}"
-        f" {'cpu us':>7} {'x floor':>7}"
-    )
-    for name, us in cycle.items():
-        print(
-            f"    {name:<28} {us['median']:9.1f} {us['median'] / floor['median']:7.2f}"
-            f" {us['best']:8.1f} {us['best'] / floor['best']:7.2f}"
-            f" {us['cpu']:7.1f} {us['cpu'] / floor['cpu']:7.2f}"
-        )
+    title = f"(a) acquire + release cycle: {rounds} interleaved rounds of {cycles}"
+    print_ratios(title, cycle, FLOOR, "x floor", 28)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -17,12 +17,9 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import statistics
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +35,7 @@ from pottery import Redlock as PotteryRedlock  # noqa: E402
 
 from tasklock.core.fanout import Op, fan_out, node_for  # noqa: E402
 from tasklock.core.redlock import Redlock  # noqa: E402
+from tests.benchmarks.interleave import measure, print_ratios  # noqa: E402
 from tests.support.servers import start_servers  # noqa: E402
 
 FLOOR = "floor: SET NX PX + DEL, 1 node"
@@ -99,50 +97,8 @@ def anatomy_variants(clients: list[redis.Redis]) -> dict[str, Callable[[], None]
     }
 
 
-def measure(
-    variants: dict[str, Callable[[], None]], cycles: dict[str, int], rounds: int
-) -> dict[str, dict[str, float]]:
-    """Per variant: median and best wall-clock microseconds per call, and median CPU
-    microseconds per call in this process (less sensitive to a busy machine's scheduling)."""
-    for name, run in variants.items():  # warm up: connections, script loads, caches
-        for _ in range(max(20, cycles[name] // 2)):
-            run()
-    wall: dict[str, list[float]] = {name: [] for name in variants}
-    cpu: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for round_ in range(rounds):
-        order = names[round_ % len(names) :] + names[: round_ % len(names)]
-        for name in order:
-            run, count = variants[name], cycles[name]
-            gc.collect()
-            cpu_start, start = time.process_time_ns(), time.perf_counter_ns()
-            for _ in range(count):
-                run()
-            wall[name].append((time.perf_counter_ns() - start) / count / 1000)
-            cpu[name].append((time.process_time_ns() - cpu_start) / count / 1000)
-    return {
-        name: {
-            "median": statistics.median(wall[name]),
-            "best": min(wall[name]),
-            "cpu": statistics.median(cpu[name]),
-        }
-        for name in variants
-    }
-
-
 def report(title: str, results: dict[str, dict[str, float]], base: str) -> None:
-    print(f"\n{title}")
-    print(
-        f"    {'variant':<34} {'median us':>9} {'x base':>7} {'best us':>8} {'x base':>7}"
-        f" {'cpu us':>7} {'x base':>7}"
-    )
-    ref = results[base]
-    for name, us in results.items():
-        print(
-            f"    {name:<34} {us['median']:9.1f} {us['median'] / ref['median']:7.2f}"
-            f" {us['best']:8.1f} {us['best'] / ref['best']:7.2f}"
-            f" {us['cpu']:7.1f} {us['cpu'] / ref['cpu']:7.2f}"
-        )
+    print_ratios(title, results, base, "x base", 34)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -157,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # pottery is an order of magnitude slower: fewer cycles per round, same number of rounds.
         counts = {FLOOR: args.cycles, EXPLICIT: args.cycles, DEFAULT: args.cycles}
         counts[POTTERY] = max(10, args.cycles // 8)
-        cycle = measure(cycle_variants(clients), counts, args.rounds)
+        warmup = {name: max(20, count // 2) for name, count in counts.items()}
+        cycle = measure(cycle_variants(clients), counts, args.rounds, warmup)
         report(
             f"(a) acquire + release over 5 masters: {args.rounds} interleaved rounds "
             f"(base: the single-node floor)",
@@ -165,7 +122,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             FLOOR,
         )
         anatomy_variants_ = anatomy_variants(clients)
-        anatomy = measure(anatomy_variants_, dict.fromkeys(anatomy_variants_, args.cycles), 7)
+        anatomy_counts = dict.fromkeys(anatomy_variants_, args.cycles)
+        anatomy = measure(
+            anatomy_variants_, anatomy_counts, 7, dict.fromkeys(anatomy_variants_, args.cycles // 2)
+        )
         report(
             "(b) anatomy: one fan-out to 5 masters (base: one round trip)",
             anatomy,
