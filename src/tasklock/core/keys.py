@@ -6,6 +6,10 @@ is non-empty (the hash tag), so:
 
 * a name that has a hash tag keeps it: ``jobs:{acct-42}:lock`` -> ``jobs:{acct-42}:lock:fence``;
 * a name without one is wrapped so its whole text becomes the tag: ``report`` -> ``{report}:fence``.
+
+A name with a stray ``}`` and no valid tag (``a}b``) cannot be wrapped: on Redis Cluster its lock
+and default fence key land in different slots, so give such a lock an explicit ``fence_key=`` with
+the same hash tag as the name. On a single Redis (or Redlock masters) this does not matter.
 """
 
 from __future__ import annotations
