@@ -100,32 +100,34 @@ def check_interrupted() -> None:
         raise KeyboardInterrupt
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stop_signals_handled_by(handler: Any) -> Iterator[None]:
+    """Install ``handler`` for SIGINT, SIGTERM and SIGHUP for the block; restore them after."""
+    previous: dict[signal.Signals, Any] = {}
+    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+        for signum in _STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP interrupt (and are remembered), so that cleanup runs."""
-    previous: dict[signal.Signals, Any] = {}
     _interrupted.clear()
-    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, _interrupt)
-    try:
+    with _stop_signals_handled_by(_interrupt):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
-@contextlib.contextmanager
-def _interrupts_ignored() -> Iterator[None]:
-    previous: dict[signal.Signals, Any] = {}
-    with contextlib.suppress(ValueError):
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[signum] = signal.signal(signum, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+def _interrupts_ignored() -> contextlib.AbstractContextManager[None]:
+    """During cleanup: a second Ctrl-C must not leave processes behind."""
+    return _stop_signals_handled_by(signal.SIG_IGN)
 
 
 @contextlib.contextmanager
