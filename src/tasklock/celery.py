@@ -12,7 +12,9 @@ class creation               options validated (``tasklock={...}`` merged along 
                              custom ``__call__`` in the worker, with ``apply()`` and with
                              ``task_always_eager``); released in ``finally``
 duplicate, skip              ``DUPLICATE`` state stored with the duplicate's details, then
-                             :class:`~celery.exceptions.Ignore` (no error, no traceback)
+                             :class:`~celery.exceptions.Ignore` (no error, no traceback);
+                             inside a chord, :class:`tasklock.DuplicateTask` (an ignored part
+                             would leave the chord waiting for ever)
 duplicate, raise             :class:`tasklock.DuplicateTask` (in ``throws``: logged as expected)
 duplicate, retry             ``self.retry(countdown=<holder's TTL left + jitter>)``
 ``apply_async``              ``dedupe_enqueue``: claim the pending marker, or return the twin's
@@ -309,7 +311,22 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         return result
 
     def _tasklock_skip(self, request: Context, duplicate: Duplicate) -> None:
-        """Record the skip as the DUPLICATE state (where results are stored), then Ignore."""
+        """Record the skip as the DUPLICATE state (where results are stored), then Ignore.
+
+        Inside a chord the member fails with DuplicateTask instead: Celery reports a chord part
+        only when it succeeds or fails, never when it is ignored, so a skipped member would leave
+        the chord waiting for ever, its callback never run. Failing it makes the chord fail with
+        a ChordError that names the duplicate, and run its error callbacks.
+        """
+        if request.chord:
+            log.warning(
+                "%s[%s]: skipped as a duplicate inside a chord; failing it with DuplicateTask so "
+                "that the chord does not wait for ever (use on_duplicate='wait' or 'retry' for "
+                "chord members)",
+                self.name,
+                request.id,
+            )
+            raise DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
         store = not _ignores_result(self, request) and (
             not request.is_eager or bool(getattr(self, "store_eager_result", False))
         )

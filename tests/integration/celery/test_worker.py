@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery, group
-from celery.exceptions import Ignore, Reject
+from celery import Celery, chord, group
+from celery.exceptions import ChordError, Ignore, Reject
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
@@ -149,6 +149,11 @@ def down_run(account: int) -> int:
     return account
 
 
+@app.task(name="w.collect")
+def collect(results: list[Any]) -> list[Any]:
+    return results
+
+
 @singleton_task(app=app, name="w.nan")
 def nan_arg(value: float) -> None: ...
 
@@ -221,6 +226,27 @@ def test_skip_with_ignore_result_stores_nothing(rc: redis.Redis) -> None:
     eventually(lambda: not rc.keys("tasklock:{w.quiet_skip}:lock:*"))
     assert twin.state == "PENDING"  # ignore_result: no state is stored, not even DUPLICATE
     assert holder.state == "PENDING"
+
+
+def test_skip_inside_a_chord_fails_the_chord_instead_of_leaving_it_waiting(
+    rc: redis.Redis,
+) -> None:
+    """Celery's Ignore never reports a chord part, so a skipped member would leave the chord
+    waiting for ever: inside a chord, a skip fails the member with DuplicateTask instead."""
+    holder = start_holder(skip_task, 7, "chord")
+    try:
+        workflow = chord([skip_task.s(7), skip_task.s(8)], collect.s()).apply_async()
+        # get() re-raises the failed member's error; the callback itself fails with ChordError.
+        with pytest.raises(DuplicateTask, match="same key is running"):
+            workflow.get(timeout=20)
+        state_becomes(workflow, "FAILURE")
+    finally:
+        finish("chord")
+    assert isinstance(workflow.result, ChordError)
+    assert "DuplicateTask" in str(workflow.result)
+    assert holder.get(timeout=20) == runs("w.skip", 7)[0]["fence"]
+    assert len(runs("w.skip", 7)) == 1
+    assert len(runs("w.skip", 8)) == 1
 
 
 def test_raise_survives_the_result_backend(
