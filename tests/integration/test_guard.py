@@ -12,6 +12,7 @@ import redis
 from tasklock import stats
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateTask
 from tasklock.guard import Duplicate, Guard
+from tests.support.polling import eventually
 from tests.support.servers import RedisServer, free_port
 
 
@@ -195,6 +196,23 @@ def test_lost_lock_during_the_body_is_logged_not_raised(
     with caplog.at_level(logging.ERROR, logger="tasklock"):
         assert run(guard, (1,), body) == "done"
     assert "no longer held" in caplog.text
+
+
+def test_lock_lost_while_the_body_runs_is_reported_with_the_reason(
+    redis_server: RedisServer, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    guard = make_guard(redis_server, ttl=0.6)
+    report = "was lost while the task ran"
+
+    def body(extra: dict[str, Any]) -> str:
+        r.delete(guard.lock_key((1,), {}))
+        eventually(lambda: report in caplog.text, timeout=10, what="the watchdog's report")
+        return "done"
+
+    with caplog.at_level(logging.ERROR, logger="tasklock"):
+        assert run(guard, (1,), body) == "done"
+    [message] = [rec.getMessage() for rec in caplog.records if report in rec.getMessage()]
+    assert f"{report} (the lock key was gone or held by another owner)" in message
 
 
 def test_pending_markers_are_claimed_once_and_cleared_only_by_their_owner(

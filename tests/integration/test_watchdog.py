@@ -50,10 +50,12 @@ class LostRecorder:
 
     def __init__(self) -> None:
         self.calls: list[BaseLock] = []
+        self.seen: list[tuple[bool, str | None]] = []  # lock.lost, as the callback saw it
         self.event = threading.Event()
 
     def __call__(self, lock: BaseLock) -> None:
         self.calls.append(lock)
+        self.seen.append((bool(lock.lost), lock.lost.reason))
         self.event.set()
 
 
@@ -94,6 +96,8 @@ def test_lost_lock_is_detected(r: redis.Redis, watchdog: Watchdog, how: str) -> 
     assert lock.lost
     assert lock.lost.reason is not None
     assert "gone or held by another owner" in lock.lost.reason
+    # The callback runs on the watchdog thread; a thread-local lock shows it the lost hold too.
+    assert on_lost.seen == [(True, lock.lost.reason)]
     assert not lock.owned()
     with pytest.raises(tasklock.LockLostError, match="lost while held"):
         lock.release()

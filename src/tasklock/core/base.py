@@ -287,6 +287,10 @@ class BaseLock:
         hold.lost.set()
         log.error("lock %r lost while held (fence %s): %s", self.name, hold.fence, reason)
         if self.on_lost is not None:
+            if self.thread_local:
+                # The callback runs on the watchdog thread, whose view of a thread-local lock
+                # has no hold: show it this one, so that lock.lost there is the flag just set.
+                self.local.last_hold = hold
             self.on_lost(self)
 
     def _end_hold(self) -> _Hold | None:
