@@ -1,8 +1,8 @@
 """tasklock.Lock with the kinds of redis-py client people actually pass it.
 
-Acquire and release take a fast path on stock clients (pre-encoded EVALSHA on a pooled
-connection, see :class:`tasklock.core.scripts.BoundScript`) and the ordinary client call on
-anything else; both must give the same answers.
+Acquire and release take a fast path on stock clients (pre-encoded EVALSHA on the thread's own
+connection, see :class:`tasklock.core.scripts.BoundScript` and :mod:`tasklock.core.lanes`) and the
+ordinary client call on anything else; both must give the same answers.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def make_client(kind: str, server: RedisServer) -> redis.Redis:
     raise AssertionError(kind)
 
 
-FAST = ["plain", "decoded", "resp3", "db3-url", "blocking-pool"]
-ORDINARY = ["single-connection", "traced"]
+FAST = ["plain", "decoded", "db3-url", "blocking-pool"]
+ORDINARY = ["resp3", "single-connection", "traced"]
 
 
 @pytest.fixture(params=FAST + ORDINARY)
@@ -68,7 +68,7 @@ def client(
 def test_full_cycle(client: redis.Redis, request: pytest.FixtureRequest) -> None:
     kind = request.node.callspec.params["client"]
     lock = tasklock.Lock(client, "clients", timeout=10)
-    uses_fast_path = lock._acquire_script._pool is not None
+    uses_fast_path = lock._acquire_script._lane is not None
     assert uses_fast_path == (kind in FAST)
     assert lock.acquire()
     first = lock.fence

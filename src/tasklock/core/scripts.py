@@ -14,14 +14,14 @@ an operator who holds a lock and with which fence.
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 import redis.exceptions as redis_errors
 from redis.exceptions import NoScriptError
+
+from tasklock.core.lanes import lane_for
 
 __all__ = [
     "ACQUIRE",
@@ -43,9 +43,13 @@ class Script:
     name: str
     source: str
     sha: str = field(init=False)
+    #: ``EVALSHA <sha>`` as RESP bulk strings, the start of every packed call (see BoundScript).
+    packed_head: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
+        sha = hashlib.sha1(self.source.encode()).hexdigest()
+        object.__setattr__(self, "sha", sha)
+        object.__setattr__(self, "packed_head", _bulk([b"EVALSHA", sha.encode()]))
 
     def __call__(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run on ``client`` (a redis-py client): one EVALSHA, and a load + retry on NOSCRIPT."""
@@ -64,57 +68,25 @@ class Script:
         return BoundScript(self, client, keys, tail)
 
 
-# The stock method, remembered before anything (a tracer, say) could patch it: a client whose
-# execute_command differs from it is never bypassed.
-_STOCK_EXECUTE = redis.Redis.execute_command
-
-
 def _bulk(parts: Iterable[bytes]) -> bytes:
     return b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)
-
-
-def _direct_pool(client: Any) -> Any | None:
-    """The connection pool of a stock redis-py client whose calls may skip the client's
-    per-command layer; None for anything else (cluster, single-connection or patched clients,
-    redis-py before 5.3 whose get_connection needs a command name)."""
-    if not isinstance(client, redis.Redis) or type(client).execute_command is not _STOCK_EXECUTE:
-        return None
-    if getattr(client, "connection", None) is not None:
-        return None
-    pool: Any = getattr(client, "connection_pool", None)
-    kind = type(pool)
-    usable = _POOL_KINDS.get(kind)
-    if usable is None:
-        # inspect.signature costs more than a lock's whole Python path: once per pool class.
-        try:
-            parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
-        except (AttributeError, TypeError, ValueError):
-            usable = False
-        else:
-            usable = parameter is None or parameter.default is not inspect.Parameter.empty
-        _POOL_KINDS[kind] = usable
-    return pool if usable else None
-
-
-#: Pool classes whose get_connection() can be called without a command name (see _direct_pool).
-_POOL_KINDS: dict[type, bool] = {}
 
 
 class BoundScript:
     """A script with fixed keys (and fixed trailing arguments) on one client: the lock's hot path.
 
     The EVALSHA is encoded once, with the client's own encoder, except for the per-call
-    arguments, and sent on a connection taken straight from the client's pool. That skips
-    redis-py's per-command layer (about a fifth of a round trip's CPU in redis-py 8) and
+    arguments, and sent on this thread's own connection to the client's server (see
+    :mod:`tasklock.core.lanes`). That skips redis-py's per-command layer and its pool, and
     nothing else: the answer and the errors are the same as :meth:`Script.__call__`'s. A
-    connection-level error on the connection, or NOSCRIPT, sends the call again the ordinary
+    connection-level error on that connection, or NOSCRIPT, sends the call again the ordinary
     way, through the client's own retry policy and the script load, exactly as if the fast
     attempt had been the first try of that policy; a connection that cannot be made at all is
     an error at once, as it is for the client. Clients it cannot vouch for always take the
     ordinary way.
     """
 
-    __slots__ = ("_argc", "_encode", "_head", "_pool", "_tail", "client", "keys", "script", "tail")
+    __slots__ = ("_argc", "_head", "_lane", "_tail", "client", "keys", "script", "tail")
 
     def __init__(
         self, script: Script, client: Any, keys: Sequence[Any], tail: Sequence[Any] = ()
@@ -123,35 +95,32 @@ class BoundScript:
         self.client = client
         self.keys = tuple(keys)
         self.tail = tuple(tail)
-        self._pool = _direct_pool(client)
-        if self._pool is not None:
-            self._encode = client.get_encoder().encode
-            head = [b"EVALSHA", script.sha.encode(), b"%d" % len(self.keys)]
-            head += [self._encode(key) for key in self.keys]
-            self._head = _bulk(head)
-            self._tail = _bulk(self._encode(arg) for arg in self.tail)
-            self._argc = len(head) + len(self.tail)
+        self._lane = lane = lane_for(client)
+        if lane is not None:
+            encode = lane.encode
+            self._head = script.packed_head + _bulk([b"%d" % len(self.keys), *map(encode, keys)])
+            self._tail = _bulk(map(encode, self.tail))
+            self._argc = 3 + len(self.keys) + len(self.tail)
 
     def __call__(self, *args: Any) -> Any:
-        pool = self._pool
-        if pool is not None:
-            encode = self._encode
+        lane = self._lane
+        if lane is not None:
+            encode = lane.encode
             packed = b"*%d\r\n%s%s%s" % (
                 self._argc + len(args),
                 self._head,
-                _bulk(encode(arg) for arg in args),
+                _bulk(map(encode, args)),
                 self._tail,
             )
+            connection = lane.connection()
             # A connect failure is raised as the client would raise it: its connect() has
             # already been through the retry policy, and the ordinary path would not retry it.
-            connection = pool.get_connection()
+            connection.connect()
             try:
                 connection.send_packed_command([packed])
                 return connection.read_response()
             except (NoScriptError, redis_errors.ConnectionError, redis_errors.TimeoutError):
                 pass  # (redis-py has already disconnected a connection that failed)
-            finally:
-                pool.release(connection)
         return self.script(self.client, self.keys, (*args, *self.tail))
 
 

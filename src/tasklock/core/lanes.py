@@ -1,0 +1,111 @@
+"""A connection per thread for the lock's hot path: acquire and release without the pool.
+
+Why: in redis-py 8 a pooled round trip spends about as much CPU in the pool as in the round trip
+itself (a lock, in-use bookkeeping, observability counters, and a ``poll()`` on every checkout for
+data a previous user left unread). A lock cycle is two round trips, so the pool was the largest
+part of its CPU that was not the round trips themselves. A connection that only one thread uses,
+only for tasklock's own scripts, needs none of that: nobody else ever sees it, and redis-py
+disconnects a connection whose read was interrupted (a timeout, an exception raised into the
+thread), so it never holds a stale reply.
+
+What it costs: one more connection to each server per thread that takes locks there (a Celery
+prefork child or an RQ work horse: one). It is opened from the pool's own settings (host, port,
+database, credentials, TLS, timeouts, health checks), reconnects by itself after an error, and is
+closed when its thread ends or its pool is garbage-collected; ``client.close()`` does not reach it.
+A forked child opens its own; it never writes on its parent's socket.
+
+Lanes are only made for pools whose connections need nothing from the pool after they are made:
+redis-py's ``ConnectionPool`` and ``BlockingConnectionPool`` speaking RESP2 without client-side
+caching. RESP3 connections can carry push messages (maintenance notifications) that redis-py routes
+through the pool, and client-side caching wraps connections in the pool; those clients, and every
+client that is not a stock ``redis.Redis`` (cluster, single-connection, instrumented), keep the
+ordinary path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+import redis
+
+__all__ = ["Lane", "lane_for"]
+
+# The stock method, remembered before anything (a tracer, say) could patch it: a client whose
+# execute_command differs from it is instrumented, and its calls must go through it.
+_STOCK_EXECUTE = redis.Redis.execute_command
+_POOL_CLASSES = (redis.ConnectionPool, redis.BlockingConnectionPool)
+
+#: Bumped in a forked child: a connection made before the fork belongs to the parent.
+_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _generation, _lanes_lock
+    _generation += 1
+    _lanes_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Lane:
+    """Per-thread connections to one pool's server, and the encoder of the client it serves."""
+
+    __slots__ = ("__weakref__", "_local", "_pool", "encode")
+
+    def __init__(self, pool: Any, encode: Any) -> None:
+        self._pool = weakref.ref(pool)  # the pool owns its lane, not the other way round
+        self._local = threading.local()
+        self.encode = encode
+
+    def connection(self) -> Any:
+        """This thread's connection (made on first use, and again in a forked child)."""
+        local = self._local
+        try:
+            if local.generation == _generation:
+                return local.connection
+        except AttributeError:
+            pass
+        pool = self._pool()
+        if pool is None:  # unreachable while a client of the pool exists
+            raise RuntimeError("the connection pool of this lane is gone")
+        connection = pool.connection_class(**pool.connection_kwargs)
+        # The parent's connection object, if any, is dropped here: redis-py closes only this
+        # process's copy of its socket (no shutdown() from a process that did not open it).
+        local.connection = connection
+        local.generation = _generation
+        return connection
+
+
+_lanes: weakref.WeakKeyDictionary[Any, Lane | None] = weakref.WeakKeyDictionary()
+_lanes_lock = threading.Lock()
+
+
+def lane_for(client: Any) -> Lane | None:
+    """The lane of ``client``'s pool, or None when its calls must take the ordinary path."""
+    if not isinstance(client, redis.Redis) or type(client).execute_command is not _STOCK_EXECUTE:
+        return None
+    if getattr(client, "connection", None) is not None:  # single_connection_client
+        return None
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return None
+    try:
+        return _lanes[pool]
+    except KeyError:
+        pass
+    except TypeError:  # not weak-referenceable
+        return None
+    lane: Lane | None = None
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    if (
+        type(pool) in _POOL_CLASSES
+        and getattr(pool, "cache", None) is None
+        and str(kwargs.get("protocol") or 2) == "2"
+    ):
+        lane = Lane(pool, client.get_encoder().encode)
+    with _lanes_lock:
+        return _lanes.setdefault(pool, lane)

@@ -1,0 +1,133 @@
+"""The per-thread connections of the lock's hot path (:mod:`tasklock.core.lanes`) on a real server.
+
+Each thread gets its own connection, made from the pool's settings and closed when the thread ends;
+a forked child never writes on its parent's socket; a broken connection costs one call on the
+ordinary path, after which the lane reconnects.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import threading
+from typing import Any
+
+import redis
+
+import tasklock
+from tasklock.core.lanes import Lane, lane_for
+from tasklock.core.scripts import ACQUIRE, RELEASE
+from tests.support.polling import eventually
+from tests.support.servers import RedisServer
+
+NAME = "tasklock-lane-test"
+
+
+def named_connections(admin: redis.Redis) -> int:
+    return sum(1 for c in admin.client_list() if c.get("name") == NAME)
+
+
+def lane_of(client: redis.Redis) -> Lane:
+    lane = lane_for(client)
+    assert lane is not None, "a stock client on a RESP2 pool has a lane"
+    return lane
+
+
+def test_each_thread_has_its_own_connection_closed_with_the_thread(
+    r: redis.Redis, redis_server: RedisServer
+) -> None:
+    client = redis_server.client(client_name=NAME)  # the lane copies the pool's settings
+    r.script_load(ACQUIRE.source)
+    r.script_load(RELEASE.source)  # no NOSCRIPT fallback through the pool
+    threads, ready, leave = 4, threading.Barrier(5), threading.Event()
+    seen: dict[int, tuple[int, list[int]]] = {}
+
+    def work(index: int) -> None:
+        lock = tasklock.Lock(client, f"lane-{index}", timeout=10)
+        fences = []
+        for _ in range(50):
+            assert lock.acquire(blocking=False)
+            assert lock.fence is not None
+            fences.append(lock.fence)
+            lock.release()
+        seen[index] = (id(lane_of(client).connection()), fences)
+        ready.wait(20)
+        assert leave.wait(20)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        ready.wait(20)
+        assert len({connection for connection, _ in seen.values()}) == threads
+        assert all(fences == list(range(1, 51)) for _, fences in seen.values())
+        assert named_connections(r) == threads, "one connection per thread, none from the pool"
+    finally:
+        leave.set()
+        for worker in workers:
+            worker.join(20)
+    gc.collect()
+    eventually(lambda: named_connections(r) == 0, timeout=10, what="their connections closed")
+    client.close()
+
+
+def test_a_forked_child_never_uses_its_parents_socket(r: redis.Redis) -> None:
+    lock = tasklock.Lock(r, "before-fork", timeout=10)
+    assert lock.acquire()
+    lock.release()
+    parent_connection = lane_of(r).connection()
+    parent_socket = parent_connection._sock
+    assert parent_socket is not None
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; report through the pipe
+        report: dict[str, Any] = {}
+        try:
+            child_connection = lane_of(r).connection()
+            report["same_object"] = child_connection is parent_connection
+            child_lock = tasklock.Lock(r, "in-child", timeout=10)
+            report["cycles"] = 0
+            for _ in range(20):
+                assert child_lock.acquire(blocking=False)
+                child_lock.release()
+                report["cycles"] += 1
+            report["client_id"] = child_connection._sock is not None and int(
+                (child_connection.send_command("CLIENT", "ID"), child_connection.read_response())[1]
+            )
+        except BaseException as exc:
+            report["error"] = repr(exc)
+        finally:
+            os.write(write_end, json.dumps(report).encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        report = json.loads(pipe.read() or b"{}")
+    os.waitpid(pid, 0)
+    assert "error" not in report, report.get("error")
+    assert report["same_object"] is False
+    assert report["cycles"] == 20
+    # The parent's connection is the one it had, still open and in step with its replies.
+    assert lane_of(r).connection() is parent_connection
+    assert parent_connection._sock is parent_socket
+    parent_connection.send_command("CLIENT", "ID")
+    assert int(parent_connection.read_response()) != report["client_id"]
+    assert lock.acquire()
+    lock.release()
+
+
+def test_a_broken_connection_costs_one_ordinary_call(
+    r: redis.Redis, redis_server: RedisServer
+) -> None:
+    client = redis_server.client()
+    lock = tasklock.Lock(client, "across-restart", timeout=10)
+    assert lock.acquire()
+    lock.release()
+    before = lane_of(client).connection()
+    redis_server.restart()  # the lane's socket is dead; scripts are gone too (NOSCRIPT)
+    assert lock.acquire()  # falls back to the client's own path (retry policy, script load)
+    lock.release()
+    after = lane_of(client).connection()
+    assert after is before, "the lane keeps its connection object and reconnects it"
+    assert after._sock is not None, "the next call went through the lane again"
+    client.close()
