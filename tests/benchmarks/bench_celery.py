@@ -1,7 +1,11 @@
 """End-to-end Celery throughput: a plain task, tasklock's singleton task, celery-singleton and
 celery-once, side by side in one run, against one real redis-server (broker, results and locks).
-"plain + 2 round trips" is the floor of any execution lock: a plain task whose body makes the two
-bare Redis round trips (acquire, release) that taking and releasing a lock cannot avoid.
+
+Two floors show what any execution lock costs at least: taking it before the body and releasing it
+after are two round trips to Redis that the worker must wait for. "plain + 2 redis-py round trips"
+is a plain task whose body makes them with redis-py (two PINGs); "plain + 2 socket round trips"
+makes them on a socket held open, with no client library at all: no lock that takes and releases
+in the worker can be faster than that row, however it is written.
 
 For each variant and round: enqueue N distinct calls into the variant's own queue while no worker
 consumes it (timed: the producer's cost), then tell one ``--pool=solo`` worker subprocess to consume
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -61,6 +66,34 @@ def floor(i: int) -> int:
     return i
 
 
+_held: list[socket.socket] = []
+
+
+def _held_socket() -> socket.socket:
+    """One socket per worker process, opened on first use and kept."""
+    if not _held:
+        address = client_for_url(URL).connection_pool.connection_kwargs
+        sock = socket.create_connection((address["host"], address["port"]))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _held.append(sock)
+    return _held[0]
+
+
+@app.task(name="bench.floor_socket")
+def floor_socket(i: int) -> int:
+    """A plain task plus two bare round trips on a held socket: no client library's cost."""
+    sock = _held_socket()
+    for _ in range(2):
+        sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+        reply = b""
+        while len(reply) < 7:  # +PONG\r\n
+            chunk = sock.recv(7 - len(reply))
+            if not chunk:
+                raise ConnectionError("redis-server closed the benchmark's socket")
+            reply += chunk
+    return i
+
+
 @singleton_task(app=app, name="bench.tasklock")
 def locked(i: int) -> int:
     return i
@@ -83,7 +116,8 @@ def celery_once(i: int) -> int:
 
 VARIANTS: dict[str, Any] = {
     "plain task": plain,
-    "plain + 2 round trips": floor,
+    "plain + 2 socket round trips": floor_socket,
+    "plain + 2 redis-py round trips": floor,
     "tasklock singleton": locked,
     "tasklock + dedupe_enqueue": locked_dedupe,
     "celery-singleton": celery_singleton,
