@@ -17,7 +17,7 @@ import redis
 
 import tasklock
 from tasklock.core.lanes import Lane, lane_for
-from tasklock.core.scripts import ACQUIRE, RELEASE
+from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
 
@@ -38,8 +38,8 @@ def test_each_thread_has_its_own_connection_closed_with_the_thread(
     r: redis.Redis, redis_server: RedisServer
 ) -> None:
     client = redis_server.client(client_name=NAME)  # the lane copies the pool's settings
-    r.script_load(ACQUIRE.source)
-    r.script_load(RELEASE.source)  # no NOSCRIPT fallback through the pool
+    for script in (ACQUIRE, EXTEND, RELEASE):
+        r.script_load(script.source)  # no NOSCRIPT fallback through the pool
     threads, ready, leave = 4, threading.Barrier(5), threading.Event()
     seen: dict[int, tuple[int, list[int]]] = {}
 
@@ -50,6 +50,7 @@ def test_each_thread_has_its_own_connection_closed_with_the_thread(
             assert lock.acquire(blocking=False)
             assert lock.fence is not None
             fences.append(lock.fence)
+            assert lock.extend(5)  # every script call takes the lane, not only the hot path
             lock.release()
         seen[index] = (id(lane_of(client).connection()), fences)
         ready.wait(20)

@@ -21,7 +21,7 @@ from typing import Any
 import redis.exceptions as redis_errors
 from redis.exceptions import NoScriptError
 
-from tasklock.core.lanes import lane_for
+from tasklock.core.lanes import Lane, lane_for
 
 __all__ = [
     "ACQUIRE",
@@ -52,7 +52,22 @@ class Script:
         object.__setattr__(self, "packed_head", _bulk([b"EVALSHA", sha.encode()]))
 
     def __call__(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run on ``client`` (a redis-py client): one EVALSHA, and a load + retry on NOSCRIPT."""
+        """Run on ``client`` (a redis-py client): one EVALSHA, and a load + retry on NOSCRIPT.
+
+        Sent on the thread's own connection when the client has a lane (see BoundScript),
+        else (and after any failure there) through the client itself."""
+        lane = lane_for(client)
+        if lane is not None:
+            encode = lane.encode
+            parts = [b"%d" % len(keys), *map(encode, keys), *map(encode, args)]
+            packed = b"*%d\r\n%s%s" % (2 + len(parts), self.packed_head, _bulk(parts))
+            answer = _on_lane(lane, packed)
+            if answer is not _MISSED:
+                return answer
+        return self.ordinary(client, keys, args)
+
+    def ordinary(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """The call through the client's own ``execute_command`` (its retry policy applies)."""
         try:
             return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -70,6 +85,23 @@ class Script:
 
 def _bulk(parts: Iterable[bytes]) -> bytes:
     return b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)
+
+
+_MISSED: Any = object()
+
+
+def _on_lane(lane: Lane, packed: bytes) -> Any:
+    """Send one packed call on this thread's connection of ``lane``; its answer, or _MISSED when
+    it must be sent again the ordinary way (a connection error, a timeout, NOSCRIPT)."""
+    connection = lane.connection()
+    # A connect failure is raised as the client would raise it: its connect() has already been
+    # through the retry policy, and the ordinary path would not retry it.
+    connection.connect()
+    try:
+        connection.send_packed_command([packed])
+        return connection.read_response()
+    except (NoScriptError, redis_errors.ConnectionError, redis_errors.TimeoutError):
+        return _MISSED  # (redis-py has already disconnected a connection that failed)
 
 
 class BoundScript:
@@ -112,16 +144,10 @@ class BoundScript:
                 _bulk(map(encode, args)),
                 self._tail,
             )
-            connection = lane.connection()
-            # A connect failure is raised as the client would raise it: its connect() has
-            # already been through the retry policy, and the ordinary path would not retry it.
-            connection.connect()
-            try:
-                connection.send_packed_command([packed])
-                return connection.read_response()
-            except (NoScriptError, redis_errors.ConnectionError, redis_errors.TimeoutError):
-                pass  # (redis-py has already disconnected a connection that failed)
-        return self.script(self.client, self.keys, (*args, *self.tail))
+            answer = _on_lane(lane, packed)
+            if answer is not _MISSED:
+                return answer
+        return self.script.ordinary(self.client, self.keys, (*args, *self.tail))
 
 
 def run_batch(
