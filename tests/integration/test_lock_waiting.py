@@ -18,12 +18,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import tasklock
 from tasklock.core.keys import wake_channel
+from tasklock.core.wakeup import hub_for
 from tests.support.history import Hold, assert_fences_increase, assert_no_overlap
 from tests.support.polling import eventually
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisServer, start_servers
 
 # The waiter's first poll would come 15-30 s after it went to sleep: far beyond these deadlines.
 BIG_SLEEP = 30.0
@@ -198,3 +201,55 @@ def test_threads_contending_for_one_name(r: redis.Redis, shared_object: bool) ->
     assert_no_overlap(holds)
     assert_fences_increase(holds)
     assert not r.exists("threads")
+
+
+def pubsub_connections(r: redis.Redis) -> int:
+    return sum(1 for c in r.client_list() if int(c.get("sub", 0)) + int(c.get("psub", 0)) > 0)
+
+
+def hand_off(r: redis.Redis, name: str) -> None:
+    """A waiter in a thread, woken by the release (BIG_SLEEP: polling could not make it)."""
+    holder = tasklock.Lock(r, name, timeout=300)
+    assert holder.acquire()
+    waiter = tasklock.Lock(r, name, timeout=30, sleep=BIG_SLEEP)
+    outcome: list[bool] = []
+    thread = threading.Thread(target=lambda: outcome.append(waiter.acquire(blocking_timeout=25)))
+    thread.start()
+    wait_until_asleep(r, name, evalsha_calls(r))
+    holder.release()
+    thread.join(WAKE_DEADLINE)
+    assert outcome == [True], "not woken by the release"
+    assert r.delete(name) == 1
+
+
+def test_the_listener_stops_when_nobody_waits_and_starts_again(r: redis.Redis) -> None:
+    hub = hub_for(r)
+    hand_off(r, "idle-listener")
+    eventually(lambda: hub._thread is None, timeout=10, what="the idle listener stopped")
+    assert pubsub_connections(r) == 0, "and closed its connection"
+    hand_off(r, "idle-listener")  # the next waiter starts it again
+
+
+def test_the_listener_of_a_dead_server_stops_once_nobody_waits() -> None:
+    with start_servers(1) as (server,):
+        client = server.client(retry=Retry(NoBackoff(), 0))  # no reconnect loop to sit out
+        holder = tasklock.Lock(client, "dead", timeout=300)
+        assert holder.acquire()
+        waiter = tasklock.Lock(client, "dead", timeout=30, sleep=0.1)
+        errors: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                waiter.acquire(blocking_timeout=25)
+            except tasklock.BackendUnavailable as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        eventually(lambda: subscribers(client, "dead") == 1, what="the waiter subscribed")
+        hub = hub_for(client)
+        server.stop()
+        thread.join(20)
+        assert errors, "the waiter saw the server go"
+        # Nobody waits there any more: the listener gives up instead of reconnecting for ever.
+        eventually(lambda: hub._thread is None, timeout=10, what="the listener stopped")

@@ -6,6 +6,11 @@ connection per waiter would not scale to many blocked locks). A waiter subscribe
 second acquire attempt, so a release that happens between a failed attempt and the wait is never
 missed; jittered polling stays as the fallback for a lost connection or a holder that died.
 
+A listener lives only while it has channels: once the last waiter's channel has lingered out, it
+closes its connection and its thread ends; the next waiter starts it again. So a process that
+waited once keeps no idle connection, and a listener whose server is gone for good stops retrying
+as soon as nobody waits there any more.
+
 Fork-safe: a child starts with no listeners and builds its own on demand (the parent's socket is
 dropped, never closed, so the parent's connection survives).
 """
@@ -104,7 +109,8 @@ class WakeupHub:
             for name in stale:
                 del self._channels[name]
                 self._idle -= 1
-            if stale:
+            # With none left the listener closes the connection, which drops them all at once.
+            if stale and self._channels:
                 try:
                     self._pubsub.unsubscribe(*stale)
                 except Exception as exc:
@@ -124,13 +130,29 @@ class WakeupHub:
             except Exception as exc:
                 # Connection trouble: waiters keep polling; redis-py resubscribes on reconnect.
                 log.debug("wake-up listener error: %s", exc)
-                for entry in list(self._channels.values()):
-                    entry.confirmed.set()
+                with self._lock:
+                    for entry in self._channels.values():
+                        entry.confirmed.set()
                 threading.Event().wait(0.2)
-                continue
-            if message:
-                self._dispatch(message)
+            else:
+                if message:
+                    self._dispatch(message)
             self._sweep()
+            if self._stop_if_unused():
+                return
+
+    def _stop_if_unused(self) -> bool:
+        """With no channel left, close the connection and let the thread end (under the lock, so
+        a waiter arriving now either finds the channel still here or starts a new thread)."""
+        with self._lock:
+            if self._channels:
+                return False
+            self._thread = None
+            try:
+                self._pubsub.reset()  # a later subscribe on it connects again
+            except Exception as exc:
+                log.debug("wake-up listener close failed: %s", exc)
+            return True
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
