@@ -9,10 +9,13 @@ disconnects a connection whose read was interrupted (a timeout, an exception rai
 thread), so it never holds a stale reply.
 
 What it costs: one more connection to each server per thread that takes locks there (a Celery
-prefork child or an RQ work horse: one). It is opened from the pool's own settings (host, port,
-database, credentials, TLS, timeouts, health checks), reconnects by itself after an error, and is
-closed when its thread ends or its pool is garbage-collected; ``client.close()`` does not reach it.
-A forked child opens its own; it never writes on its parent's socket.
+prefork child: one). It is opened from the pool's own settings (host, port, database, credentials,
+TLS, timeouts, health checks), reconnects by itself after an error, and is closed when its thread
+ends or its pool is garbage-collected; ``client.close()`` does not reach it. A forked child opens
+its own; it never writes on its parent's socket. A thread's first few calls borrow from the pool
+instead: opening a connection (a TCP handshake and redis-py's greeting) costs more than a few
+pooled calls save, and a process that lives for one job (RQ's work horse: acquire, release, done)
+never needs one.
 
 Lanes are only made for pools whose connections need nothing from the pool after they are made:
 redis-py's ``ConnectionPool`` and ``BlockingConnectionPool`` speaking RESP2 without client-side
@@ -41,6 +44,9 @@ _POOL_CLASSES = (redis.ConnectionPool, redis.BlockingConnectionPool)
 #: Bumped in a forked child: a connection made before the fork belongs to the parent.
 _generation = 0
 
+#: Calls a thread makes through the pool before it gets a connection of its own.
+WARM_UP_CALLS = 4
+
 
 def _after_fork_in_child() -> None:
     global _generation, _lanes_lock
@@ -61,22 +67,26 @@ class Lane:
         self._local = threading.local()
         self.encode = encode
 
-    def connection(self) -> Any:
-        """This thread's connection (made on first use, and again in a forked child)."""
+    def connection(self) -> Any | None:
+        """This thread's connection, or None for one of its first WARM_UP_CALLS calls (in this
+        process): the caller then goes through the pool."""
         local = self._local
-        try:
-            if local.generation == _generation:
-                return local.connection
-        except AttributeError:
-            pass
-        pool = self._pool()
-        if pool is None:  # unreachable while a client of the pool exists
-            raise RuntimeError("the connection pool of this lane is gone")
-        connection = pool.connection_class(**pool.connection_kwargs)
-        # The parent's connection object, if any, is dropped here: redis-py closes only this
-        # process's copy of its socket (no shutdown() from a process that did not open it).
-        local.connection = connection
-        local.generation = _generation
+        if getattr(local, "generation", None) != _generation:
+            # New thread, or a forked child: the parent's connection object, if any, is dropped
+            # here, and redis-py closes only this process's copy of its socket (no shutdown()
+            # from a process that did not open it).
+            local.generation = _generation
+            local.connection = None
+            local.calls = 0
+        connection = local.connection
+        if connection is None:
+            local.calls += 1
+            if local.calls <= WARM_UP_CALLS:
+                return None
+            pool = self._pool()
+            if pool is None:  # unreachable while a client of the pool exists
+                return None
+            connection = local.connection = pool.connection_class(**pool.connection_kwargs)
         return connection
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import redis.exceptions as redis_errors
 from redis.exceptions import NoScriptError
 
-from tasklock.core.lanes import Lane, lane_for
+from tasklock.core.lanes import lane_for
 
 __all__ = [
     "ACQUIRE",
@@ -57,11 +57,12 @@ class Script:
         Sent on the thread's own connection when the client has a lane (see BoundScript),
         else (and after any failure there) through the client itself."""
         lane = lane_for(client)
-        if lane is not None:
+        connection = lane.connection() if lane is not None else None
+        if lane is not None and connection is not None:
             encode = lane.encode
             parts = [b"%d" % len(keys), *map(encode, keys), *map(encode, args)]
             packed = b"*%d\r\n%s%s" % (2 + len(parts), self.packed_head, _bulk(parts))
-            answer = _on_lane(lane, packed)
+            answer = _send(connection, packed)
             if answer is not _MISSED:
                 return answer
         return self.ordinary(client, keys, args)
@@ -90,10 +91,9 @@ def _bulk(parts: Iterable[bytes]) -> bytes:
 _MISSED: Any = object()
 
 
-def _on_lane(lane: Lane, packed: bytes) -> Any:
-    """Send one packed call on this thread's connection of ``lane``; its answer, or _MISSED when
-    it must be sent again the ordinary way (a connection error, a timeout, NOSCRIPT)."""
-    connection = lane.connection()
+def _send(connection: Any, packed: bytes) -> Any:
+    """Send one packed call on a lane's connection; its answer, or _MISSED when it must be sent
+    again the ordinary way (a connection error, a timeout, NOSCRIPT)."""
     # A connect failure is raised as the client would raise it: its connect() has already been
     # through the retry policy, and the ordinary path would not retry it.
     connection.connect()
@@ -136,7 +136,8 @@ class BoundScript:
 
     def __call__(self, *args: Any) -> Any:
         lane = self._lane
-        if lane is not None:
+        connection = lane.connection() if lane is not None else None
+        if lane is not None and connection is not None:
             encode = lane.encode
             packed = b"*%d\r\n%s%s%s" % (
                 self._argc + len(args),
@@ -144,7 +145,7 @@ class BoundScript:
                 _bulk(map(encode, args)),
                 self._tail,
             )
-            answer = _on_lane(lane, packed)
+            answer = _send(connection, packed)
             if answer is not _MISSED:
                 return answer
         return self.script.ordinary(self.client, self.keys, (*args, *self.tail))
