@@ -108,8 +108,8 @@ class BoundScript:
     """A script with fixed keys (and fixed trailing arguments) on one client: the lock's hot path.
 
     The EVALSHA is encoded once, with the client's own encoder, except for the per-call
-    arguments, and sent on this thread's own connection to the client's server (see
-    :mod:`tasklock.core.lanes`). That skips redis-py's per-command layer and its pool, and
+    arguments, and sent on this thread's own connection to the client's server once it has one
+    (see :mod:`tasklock.core.lanes`; until then, the ordinary way). That skips redis-py's per-command layer and its pool, and
     nothing else: the answer and the errors are the same as :meth:`Script.__call__`'s. A
     connection-level error on that connection, or NOSCRIPT, sends the call again the ordinary
     way, through the client's own retry policy and the script load, exactly as if the fast
