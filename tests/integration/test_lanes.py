@@ -9,8 +9,6 @@ reconnects.
 from __future__ import annotations
 
 import gc
-import json
-import os
 import threading
 from typing import Any
 
@@ -19,6 +17,7 @@ import redis
 import tasklock
 from tasklock.core.lanes import WARM_UP_CALLS, Lane, lane_for
 from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE
+from tests.support.forking import ForkedChild
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
 
@@ -112,32 +111,20 @@ def test_a_forked_child_never_uses_its_parents_socket(r: redis.Redis) -> None:
     parent_connection = own_connection(r)
     parent_socket = parent_connection._sock
     assert parent_socket is not None
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child; report through the pipe
-        report: dict[str, Any] = {}
-        try:
-            child_lock = tasklock.Lock(r, "in-child", timeout=10)
-            report["cycles"] = 0
-            for _ in range(20):
-                assert child_lock.acquire(blocking=False)
-                child_lock.release()
-                report["cycles"] += 1
-            child_connection = own_connection(r)
-            report["same_object"] = child_connection is parent_connection
-            report["client_id"] = child_connection._sock is not None and int(
-                (child_connection.send_command("CLIENT", "ID"), child_connection.read_response())[1]
-            )
-        except BaseException as exc:
-            report["error"] = repr(exc)
-        finally:
-            os.write(write_end, json.dumps(report).encode())
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        report = json.loads(pipe.read() or b"{}")
-    os.waitpid(pid, 0)
-    assert "error" not in report, report.get("error")
+
+    def in_child(report: dict[str, Any]) -> None:
+        child_lock = tasklock.Lock(r, "in-child", timeout=10)
+        report["cycles"] = 0
+        for _ in range(20):
+            assert child_lock.acquire(blocking=False)
+            child_lock.release()
+            report["cycles"] += 1
+        child_connection = own_connection(r)
+        report["same_object"] = child_connection is parent_connection
+        child_connection.send_command("CLIENT", "ID")
+        report["client_id"] = int(child_connection.read_response())
+
+    report = ForkedChild(in_child).collect()
     assert report["same_object"] is False
     assert report["cycles"] == 20
     # The parent's connection is the one it had, still open and in step with its replies.

@@ -20,6 +20,7 @@ import redis
 
 import tasklock
 from tasklock.core.watchdog import get_watchdog
+from tests.support.forking import ForkedChild
 from tests.support.history import (
     FencedRegister,
     HistoryLog,
@@ -155,49 +156,39 @@ def test_paused_holder_is_fenced_off(
 def test_forked_child_has_no_hold_and_its_own_watchdog(r: redis.Redis) -> None:
     parent_lock = tasklock.Lock(r, "forked", timeout=0.5, watchdog=True)
     assert parent_lock.acquire()
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child; report everything through the pipe
-        report: dict[str, Any] = {}
+
+    def in_child(report: dict[str, Any]) -> None:
+        report["owned"] = parent_lock.owned()
+        report["fence"] = parent_lock.fence
+        report["inherited"] = get_watchdog().held()
         try:
-            report["owned"] = parent_lock.owned()
-            report["fence"] = parent_lock.fence
-            report["inherited"] = get_watchdog().held()
-            try:
-                parent_lock.release()
-                report["release"] = "released"
-            except tasklock.LockError as exc:
-                report["release"] = str(exc)
-            own = tasklock.Lock(r, "child-own", timeout=0.5, watchdog=True)
-            report["own"] = own.acquire(blocking=False)
-            deadline = time.monotonic() + 2.5  # five of its TTLs
-            report["own_kept"] = True
-            while time.monotonic() < deadline:
-                if r.pttl("child-own") <= 0 or not own.owned():
-                    report["own_kept"] = False
-                    break
-                time.sleep(0.02)
-            report["own_renewals"] = own.local.hold.renewal.renewals
-            own.release()
-        except BaseException as exc:
-            report["error"] = repr(exc)
-        finally:
-            os.write(write_end, json.dumps(report).encode())
-            os._exit(0)
-    os.close(write_end)
+            parent_lock.release()
+            report["release"] = "released"
+        except tasklock.LockError as exc:
+            report["release"] = str(exc)
+        own = tasklock.Lock(r, "child-own", timeout=0.5, watchdog=True)
+        report["own"] = own.acquire(blocking=False)
+        deadline = time.monotonic() + 2.5  # five of its TTLs
+        report["own_kept"] = True
+        while time.monotonic() < deadline:
+            if r.pttl("child-own") <= 0 or not own.owned():
+                report["own_kept"] = False
+                break
+            time.sleep(0.02)
+        report["own_renewals"] = own.local.hold.renewal.renewals
+        own.release()
+
+    child = ForkedChild(in_child)
     try:
         eventually(lambda: r.exists("child-own"), what="the child took its own lock")
         # The parent stops renewing (as if it died). Only a child renewing the parent's
         # inherited hold could keep the key alive now.
         get_watchdog().unwatch(parent_lock.local.hold.renewal)
         eventually(lambda: not r.exists("forked"), timeout=5, what="the parent's hold expired")
-        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the child was still running meanwhile"
+        assert child.running(), "the child was still running meanwhile"
         assert r.exists("child-own"), "and still holding (and renewing) its own lock"
     finally:
-        with os.fdopen(read_end, "rb") as pipe:
-            report = json.loads(pipe.read() or b"{}")
-        os.waitpid(pid, 0)
-    assert "error" not in report, report.get("error")
+        report = child.collect()
     assert report["owned"] is False
     assert report["fence"] is None
     assert report["inherited"] == 0
