@@ -213,9 +213,12 @@ def hand_off(r: redis.Redis, name: str) -> None:
     assert holder.acquire()
     waiter = tasklock.Lock(r, name, timeout=30, sleep=BIG_SLEEP)
     outcome: list[bool] = []
-    thread = threading.Thread(target=lambda: outcome.append(waiter.acquire(blocking_timeout=25)))
+    thread = threading.Thread(
+        target=lambda: outcome.append(waiter.acquire(blocking_timeout=25)), daemon=True
+    )
+    attempts_before = evalsha_calls(r)  # before the waiter can make any
     thread.start()
-    wait_until_asleep(r, name, evalsha_calls(r))
+    wait_until_asleep(r, name, attempts_before)
     holder.release()
     thread.join(WAKE_DEADLINE)
     assert outcome == [True], "not woken by the release"
