@@ -109,13 +109,13 @@ class BoundScript:
 
     The EVALSHA is encoded once, with the client's own encoder, except for the per-call
     arguments, and sent on this thread's own connection to the client's server once it has one
-    (see :mod:`tasklock.core.lanes`; until then, the ordinary way). That skips redis-py's per-command layer and its pool, and
-    nothing else: the answer and the errors are the same as :meth:`Script.__call__`'s. A
-    connection-level error on that connection, or NOSCRIPT, sends the call again the ordinary
-    way, through the client's own retry policy and the script load, exactly as if the fast
-    attempt had been the first try of that policy; a connection that cannot be made at all is
-    an error at once, as it is for the client. Clients it cannot vouch for always take the
-    ordinary way.
+    (see :mod:`tasklock.core.lanes`; until then, the ordinary way). That skips redis-py's
+    per-command layer and its pool, and nothing else: the answer and the errors are the same as
+    :meth:`Script.__call__`'s. A connection-level error on that connection, or NOSCRIPT, sends
+    the call again the ordinary way, through the client's own retry policy and the script load,
+    exactly as if the fast attempt had been the first try of that policy; a connection that
+    cannot be made at all is an error at once, as it is for the client. Clients it cannot vouch
+    for always take the ordinary way.
     """
 
     __slots__ = ("_argc", "_head", "_lane", "_tail", "client", "keys", "script", "tail")
