@@ -19,6 +19,7 @@ Key layout (all of one task in one Redis Cluster slot, thanks to the ``{task nam
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import weakref
@@ -53,6 +54,13 @@ _FREE_RETRIES = 3
 
 #: Claims of one pending marker before giving up when every twin it names turns out stale.
 _CLAIM_ATTEMPTS = 5
+
+#: Jitter for retry delays, from a generator of our own: drawing from the random module's shared
+#: one would shift the numbers of an application that seeds it for reproducible runs.
+_jitter = random.Random()
+# Reseeded in a forked child, as the random module does for its own: prefork siblings must not
+# draw the same delays.
+os.register_at_fork(after_in_child=_jitter.seed)
 
 
 @dataclass(frozen=True)
@@ -410,4 +418,4 @@ class Guard:
         a burst of duplicates does not come back in lock-step."""
         ttl = self.options.ttl
         base = duplicate.holder_ttl if duplicate.holder_ttl is not None else ttl
-        return round(max(0.5, base) + random.uniform(0, max(0.5, ttl * 0.1)), 3)
+        return round(max(0.5, base) + _jitter.uniform(0, max(0.5, ttl * 0.1)), 3)

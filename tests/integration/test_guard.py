@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from typing import Any
 
 import pytest
 import redis
 
+from tasklock import guard as guard_module
 from tasklock import stats
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateTask
 from tasklock.guard import Duplicate, Guard
+from tests.support.forking import ForkedChild
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer, free_port
 
@@ -112,12 +115,19 @@ def test_retry_policy_gets_a_delay_from_the_holders_ttl(
     try:
         outcome, duplicate = run(guard, (1,), task_id="other")
         assert outcome == "retry"
+        state = random.getstate()
         delay = guard.retry_delay(duplicate)
+        assert random.getstate() == state, "the jitter leaves the application's random stream"
         assert duplicate.holder_ttl is not None
         assert duplicate.holder_ttl <= delay <= duplicate.holder_ttl + 1.0 + 0.001
     finally:
         finish.set()
         thread.join()
+
+
+def test_forked_children_draw_their_own_jitter() -> None:
+    child = ForkedChild(lambda report: report.update(drawn=guard_module._jitter.random()))
+    assert child.collect()["drawn"] != guard_module._jitter.random()
 
 
 def test_wait_policy_is_woken_by_the_release(redis_server: RedisServer, r: redis.Redis) -> None:
