@@ -44,7 +44,7 @@ import redis_lock  # noqa: E402
 import tasklock  # noqa: E402
 from tasklock.core.keys import wake_channel  # noqa: E402
 from tasklock.core.watchdog import get_watchdog  # noqa: E402
-from tests.benchmarks.interleave import measure, print_ratios  # noqa: E402
+from tests.benchmarks.interleave import lock_cycle, measure, print_ratios  # noqa: E402
 from tests.support.servers import start_servers  # noqa: E402
 
 TTL_MS = 30_000
@@ -73,21 +73,12 @@ def cycle_variants(r: redis.Redis) -> dict[str, Callable[[], None]]:
     redis_py = r.lock("bench:redis-py", timeout=30)
     prl = redis_lock.Lock(r, "bench:prl", expire=30)
 
-    def cycle(lock: Any) -> Callable[[], None]:
-        acquire, release = lock.acquire, lock.release
-
-        def run() -> None:
-            acquire()
-            release()
-
-        return run
-
     return {
         FLOOR: floor,
-        EXPLICIT: cycle(explicit),
-        DEFAULT: cycle(default),
-        REDIS_PY: cycle(redis_py),
-        "python-redis-lock": cycle(prl),
+        EXPLICIT: lock_cycle(explicit),
+        DEFAULT: lock_cycle(default),
+        REDIS_PY: lock_cycle(redis_py),
+        "python-redis-lock": lock_cycle(prl),
     }
 
 

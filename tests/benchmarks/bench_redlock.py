@@ -35,7 +35,7 @@ from pottery import Redlock as PotteryRedlock  # noqa: E402
 
 from tasklock.core.fanout import Op, fan_out, node_for  # noqa: E402
 from tasklock.core.redlock import Redlock  # noqa: E402
-from tests.benchmarks.interleave import measure, print_ratios  # noqa: E402
+from tests.benchmarks.interleave import lock_cycle, measure, print_ratios  # noqa: E402
 from tests.support.servers import start_servers  # noqa: E402
 
 FLOOR = "floor: SET NX PX + DEL, 1 node"
@@ -56,20 +56,11 @@ def cycle_variants(clients: list[redis.Redis]) -> dict[str, Callable[[], None]]:
     default = Redlock(clients, "bench:default")
     pottery = PotteryRedlock(key="bench:pottery", masters=set(clients), auto_release_time=30)
 
-    def cycle(lock: Any) -> Callable[[], None]:
-        acquire, release = lock.acquire, lock.release
-
-        def run() -> None:
-            assert acquire()
-            release()
-
-        return run
-
     return {
         FLOOR: floor,
-        EXPLICIT: cycle(explicit),
-        DEFAULT: cycle(default),
-        POTTERY: cycle(pottery),
+        EXPLICIT: lock_cycle(explicit),
+        DEFAULT: lock_cycle(default),
+        POTTERY: lock_cycle(pottery),
     }
 
 

@@ -11,8 +11,20 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
-__all__ = ["measure", "print_ratios"]
+__all__ = ["lock_cycle", "measure", "print_ratios"]
+
+
+def lock_cycle(lock: Any) -> Callable[[], None]:
+    """One uncontended acquire + release of ``lock`` (any library's), as a variant to time."""
+    acquire, release = lock.acquire, lock.release
+
+    def run() -> None:
+        assert acquire()
+        release()
+
+    return run
 
 
 def measure(
