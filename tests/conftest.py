@@ -1,4 +1,6 @@
-"""Shared fixtures: real redis-server processes, one per test module (N for Redlock tests).
+"""Shared fixtures: real redis-server processes, one per test module (N for Redlock tests), and
+the other topologies of the server matrix (a 3-master Redis Cluster, Sentinel with a replica, a
+TLS server), each started once per module that asks for it and torn down after it.
 
 The Celery fixtures come from ``celery.contrib.pytest`` (``-p no:celery`` in the pytest options
 keeps pytest-celery 1.x's Docker-based plugin out, should it be installed).
@@ -12,7 +14,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.support.servers import RedisServer, start_servers
+from tests.support.servers import (
+    RedisClusterServers,
+    RedisServer,
+    SentinelServers,
+    start_servers,
+    start_tls_server,
+)
 
 # The core tests run without Celery installed; with it, its in-process worker fixtures load.
 pytest_plugins = ("celery.contrib.pytest",) if importlib.util.find_spec("celery") else ()
@@ -60,3 +68,35 @@ def nodes(redis_nodes_5: list[RedisServer]) -> Iterator[list[RedisServer]]:
     for server in redis_nodes_5:
         if server.paused:
             server.resume()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A real 3-master Redis Cluster (the suite's binary), slots assigned, every node ok."""
+    cluster = RedisClusterServers().start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def redis_sentinel() -> Iterator[SentinelServers]:
+    """A master, its replica and 3 sentinels (quorum 2), settled: every sentinel lists the
+    replica and knows the other sentinels."""
+    servers = SentinelServers().start()
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+@pytest.fixture(scope="module")
+def tls_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A TLS-only redis-server with a throw-away CA (trustme); skipped, saying why, when no
+    binary at hand was built with TLS. ``.url`` is ``rediss://...?ssl_ca_certs=<ca.pem>``."""
+    server = start_tls_server(tmp_path_factory.mktemp("tls"))
+    try:
+        yield server
+    finally:
+        server.close()

@@ -3,11 +3,15 @@ crash, pause or run for hours.
 
 ``import tasklock`` imports no framework: the Celery, RQ and Django adapters live in
 ``tasklock.celery``, ``tasklock.rq`` and ``tasklock.django`` and are imported only when used.
+``tasklock.stats`` is imported here (it imports nothing but the standard library), so the counters
+the README shows, ``tasklock.stats.snapshot()``, are there after ``import tasklock`` alone.
 """
 
+from tasklock import stats
 from tasklock.core.lock import Lock
 from tasklock.core.redlock import Redlock
 from tasklock.errors import (
+    BackendRefused,
     BackendUnavailable,
     ConfigurationError,
     DuplicateJob,
@@ -24,6 +28,7 @@ from tasklock.errors import (
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "BackendRefused",
     "BackendUnavailable",
     "ConfigurationError",
     "DuplicateJob",
@@ -37,4 +42,5 @@ __all__ = [
     "QuorumNotReached",
     "Redlock",
     "TaskLockError",
+    "stats",
 ]

@@ -6,17 +6,21 @@ Everything that is policy (key, duplicate handling, fencing, watchdog, enqueue m
 ===========================  ===================================================================
 Celery hook                  what tasklock does there
 ===========================  ===================================================================
-class creation               options validated (``tasklock={...}`` merged along the MRO), the
-                             guard built: a typo fails when the task is defined
+class creation               options read from the class's attributes (what Celery makes of
+                             ``@app.task(base=SingletonTask, ttl=5)``) and ``tasklock={...}``,
+                             merged along the MRO, and validated; the guard built: a typo,
+                             also a near-miss attribute, fails when the task is defined
 ``__call__``                 the execution lock, right around ``run`` (Celery's tracer calls a
                              custom ``__call__`` in the worker, with ``apply()`` and with
                              ``task_always_eager``); released in ``finally``
 duplicate, skip              ``DUPLICATE`` state stored with the duplicate's details, then
                              :class:`~celery.exceptions.Ignore` (no error, no traceback);
-                             inside a chord, :class:`tasklock.DuplicateTask` (an ignored part
-                             would leave the chord waiting for ever)
+                             inside a workflow (chain, chord, ``link=``, ``link_error=``),
+                             :class:`tasklock.DuplicateTask`: Celery drops what follows an
+                             ignored task without a word, and fails it for a failed one
 duplicate, raise             :class:`tasklock.DuplicateTask` (in ``throws``: logged as expected)
-duplicate, retry             ``self.retry(countdown=<holder's TTL left + jitter>)``
+duplicate, retry             ``self.retry(countdown=...)``: 0.5-1 s, then jittered doubling up
+                             to the TTL; counts against ``max_retries``
 ``apply_async``              ``dedupe_enqueue``: claim the pending marker, or return the twin's
                              ``AsyncResult``
 success / final failure      marker cleared (in ``__call__``; hard time limits and lost workers
@@ -31,6 +35,11 @@ Rules decided here (also in the README):
   raises :class:`~tasklock.DuplicateTask` (raise, and retry: a direct call cannot be retried).
   ``task.run(...)`` is the raw function, without the lock (unit tests).
 * ``apply()`` and ``task_always_eager`` run through Celery's tracer exactly like a worker.
+* A skipped call that something waits on (the rest of its chain, its chord, ``link=`` callbacks,
+  ``link_error=`` errbacks) fails with :class:`~tasklock.DuplicateTask`, so the workflow fails
+  where it can be seen rather than stopping silently; ``"wait"`` and ``"retry"`` are how a
+  workflow runs on after the twin instead. A call with nothing attached keeps the ``DUPLICATE``
+  state.
 * Without ``url``/``urls`` anywhere, the lock lives in the broker's Redis when ``broker_url`` is a
   single ``redis://`` or ``rediss://`` URL; anything else is a
   :class:`~tasklock.ConfigurationError`.
@@ -38,25 +47,21 @@ Rules decided here (also in the README):
 
 from __future__ import annotations
 
-import datetime
-import difflib
 import inspect
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar, cast, overload
-from urllib.parse import urlsplit
 
 from celery import Task, shared_task, signals
 from celery import states as celery_states
 from celery._state import _task_stack  # type: ignore[attr-defined]
 from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded, WorkerLostError
-from kombu.utils.url import maybe_sanitize_url
 from kombu.utils.uuid import uuid
 
-from tasklock.config import OPTION_NAMES
-from tasklock.core.connection import client_for_url
+from tasklock._celery_config import broker_client, near_miss, seconds_until_due, split_options
+from tasklock.config import OPTION_NAMES, validate_options
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateTask
 from tasklock.guard import Duplicate, Guard
 
@@ -80,9 +85,10 @@ DUPLICATE = "DUPLICATE"
 #: (``acks_late``), so that an outage is not a hot redelivery loop.
 REQUEUE_PAUSE = 1.0
 
-#: Options that place a call inside a canvas (group, chord, chain, callbacks). Such a call keeps
-#: its own task id, which the workflow waits for, so ``dedupe_enqueue`` never swallows it.
-_CANVAS_OPTIONS = ("chord", "group_id", "chain")
+#: Options that place a call inside a canvas (group, chord, callbacks). Such a call keeps its own
+#: task id, which the workflow waits for, so ``dedupe_enqueue`` never swallows it. ``chain`` is
+#: checked apart: the last link of a chain is sent with ``chain=[]``, which is still a chain.
+_CANVAS_OPTIONS = ("chord", "group_id")
 
 #: States after which a task id will not run again.
 _FINISHED_STATES = frozenset({*celery_states.READY_STATES, DUPLICATE, celery_states.IGNORED})
@@ -122,38 +128,28 @@ def _defines_run(cls: type) -> bool:
 
 
 # -- the default Redis: the broker's --------------------------------------------------------------
-def _broker_client(app: Celery, task_name: str) -> Any:
-    """The broker's Redis, used for locks when no ``url``/``urls`` is configured anywhere."""
-    raw = app.conf.broker_url
-    if isinstance(raw, str):
-        urls = [u.strip() for u in raw.split(";") if u.strip()]
-    elif isinstance(raw, list | tuple):
-        urls = [u.strip() for u in raw if isinstance(u, str) and u.strip()]
-    else:
-        urls = []
-    where = (
-        "pass url='redis://...' to the task, or set Celery's tasklock_url "
-        "(Django: CELERY_TASKLOCK_URL), or the TASKLOCK_URL environment variable"
-    )
-    if not urls:
-        raise ConfigurationError(
-            f"no Redis configured for tasklock (task {task_name}) and Celery's broker_url is not "
-            f"set: {where}"
-        )
-    if len(set(urls)) > 1:
-        raise ConfigurationError(
-            f"task {task_name}: broker_url lists several brokers for failover "
-            f"({', '.join(maybe_sanitize_url(u) for u in urls)}); every worker must lock on the "
-            f"same Redis, so choose it explicitly: {where}"
-        )
-    url = urls[0]
-    if urlsplit(url).scheme not in ("redis", "rediss"):
-        raise ConfigurationError(
-            f"task {task_name}: no Redis configured for tasklock, and the broker "
-            f"{maybe_sanitize_url(url)} is not a redis:// or rediss:// URL that could serve: "
-            f"{where}"
-        )
-    return client_for_url(url)
+def _workflow_of(request: Context) -> str | None:
+    """What part of a workflow this call is, if any: something waits on its outcome.
+
+    ``request.chain`` is ``None`` for a call outside a chain and a list inside one, empty for the
+    last link (Celery's tracer sends the next link with ``chain=chain[:-1]``): the chain's result
+    is that link's, so a skipped last link would leave ``get()`` on the chain waiting for ever.
+    """
+    if request.chord:
+        return "a chord"
+    if request.chain is not None:
+        return "a chain"
+    if request.callbacks:
+        return "a call with link= callbacks"
+    if request.errbacks:
+        return "a call with link_error= errbacks"
+    return None
+
+
+def _unwrap(value: Any) -> Any:
+    """An option's value as a class attribute: ``key = staticmethod(...)`` in a class body (so
+    that the task's instances do not bind it) stands for the function itself."""
+    return value.__func__ if isinstance(value, staticmethod) else value
 
 
 def _ignores_result(task: Task[Any, Any], request: Context) -> bool:
@@ -164,9 +160,14 @@ def _ignores_result(task: Task[Any, Any], request: Context) -> bool:
 class SingletonTask(Task):  # type: ignore[type-arg]
     """A Celery task whose body runs at most once at a time per call key.
 
-    Options go in the ``tasklock`` class attribute (a dict; subclasses' dicts are merged over their
-    bases'), e.g. ``@app.task(base=SingletonTask, tasklock={"on_duplicate": "retry"})``. See
-    :mod:`tasklock.config` for the option names and where else their values may come from.
+    Options are class attributes under their own names, which is what Celery makes of the
+    keywords in ``@app.task(base=SingletonTask, on_duplicate="retry", ttl=60)``, or go in the
+    ``tasklock`` dict (``tasklock={"on_duplicate": "retry"}``). Both are merged along the class
+    hierarchy, a subclass's over its bases'; within one class a named attribute wins over the
+    same name in the dict, as a keyword does in :func:`singleton_task`. A class attribute that
+    looks like an option but is none (``on_duplicat``, ``tasklock_ttl``) is a
+    :class:`~tasklock.ConfigurationError` where the class is created, never a silent attribute.
+    See :mod:`tasklock.config` for the option names and where else their values may come from.
     """
 
     #: tasklock options of this task (merged along the class hierarchy).
@@ -180,24 +181,64 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         if DuplicateTask not in cls.throws:
             cls.throws = (*cls.throws, DuplicateTask)
         cls._tasklock_guard = None
+        # Validate now, so a bad option fails where the task is defined. Class tasks get their
+        # final name at registration; the guard is rebuilt then if it differs.
+        name = cls.name or f"{cls.__module__}.{cls.__qualname__}"
+        cls._tasklock_check_attributes(name)
         if _defines_run(cls):
-            # Validate now, so a bad option fails where the task is defined. Class tasks get
-            # their final name at registration; the guard is rebuilt then if it differs.
-            name = cls.name or f"{cls.__module__}.{cls.__qualname__}"
             cls._tasklock_guard = cls._tasklock_build_guard(name)
+        else:  # a base for other tasks: its options, without a signature to check them against
+            validate_options(cls._tasklock_options(name), f"options of {name}")
+
+    @classmethod
+    def _tasklock_check_attributes(cls, name: str) -> None:
+        """Refuse class attributes that look like a tasklock option but are none.
+
+        ``@app.task(base=SingletonTask, on_duplicat="raise")`` makes ``on_duplicat`` an attribute
+        of the class Celery creates, where nothing would ever read it. In a class Celery made
+        from a function (``_decorated``) every attribute came from the decorator's keywords, so
+        each is checked; in a hand-written class, methods and other descriptors are the class's
+        own business and only plain values are. A method there that has an option's name
+        (``def key(self, ...)``) is refused too: it would be read as the option, and called
+        without ``self``.
+        """
+        decorated = bool(cls.__dict__.get("_decorated"))
+        for attribute, value in cls.__dict__.items():
+            code = callable(value) or hasattr(type(value), "__get__")
+            if attribute in OPTION_NAMES:
+                if code and not decorated and not isinstance(value, staticmethod):
+                    raise ConfigurationError(
+                        f"task {name}: {attribute!r} is a tasklock option, but the class defines "
+                        f"it as a {type(value).__name__}: give the option's value (for a "
+                        f"callable, {attribute} = staticmethod(...)), or rename it"
+                    )
+                continue
+            if (
+                attribute.startswith("_")
+                or hasattr(SingletonTask, attribute)
+                or (code and not decorated)
+            ):
+                continue
+            problem = near_miss(attribute)
+            if problem:
+                raise ConfigurationError(f"task {name}: {problem}")
 
     @classmethod
     def _tasklock_options(cls, name: str) -> dict[str, Any]:
         merged: dict[str, Any] = {}
         for klass in reversed(cls.__mro__):
-            options = klass.__dict__.get("tasklock")
-            if options is None:
-                continue
-            if not isinstance(options, Mapping):
-                raise ConfigurationError(
-                    f"tasklock= of task {name} must be a dict of options, got {options!r}"
-                )
-            merged.update(options)
+            namespace = klass.__dict__
+            options = namespace.get("tasklock")
+            if options is not None:
+                if not isinstance(options, Mapping):
+                    raise ConfigurationError(
+                        f"tasklock= of task {name} must be a dict of options, got {options!r}"
+                    )
+                merged.update(options)
+            if issubclass(klass, SingletonTask):
+                for option in OPTION_NAMES:
+                    if option in namespace:
+                        merged[option] = _unwrap(namespace[option])
         return merged
 
     @classmethod
@@ -211,7 +252,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
 
         def default_client() -> Any:
             if not found or found[0][0] != os.getpid():
-                found[:] = [(os.getpid(), _broker_client(cls._tasklock_app(), name))]
+                found[:] = [(os.getpid(), broker_client(cls._tasklock_app(), name))]
             return found[0][1]
 
         return Guard(
@@ -278,7 +319,12 @@ class SingletonTask(Task):  # type: ignore[type-arg]
 
             def on_retry(duplicate: Duplicate) -> Any:
                 error = DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
-                raise self.retry(exc=error, countdown=guard.retry_delay(duplicate))
+                # Celery retries like any other: they count against max_retries, which also
+                # shapes the delays (the last retry allowed waits up to a TTL).
+                countdown = guard.retry_delay(
+                    duplicate, attempt=request.retries or 0, max_retries=self.max_retries
+                )
+                raise self.retry(exc=error, countdown=countdown)
 
         try:
             result = guard.run(
@@ -313,18 +359,22 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     def _tasklock_skip(self, request: Context, duplicate: Duplicate) -> None:
         """Record the skip as the DUPLICATE state (where results are stored), then Ignore.
 
-        Inside a chord the member fails with DuplicateTask instead: Celery reports a chord part
-        only when it succeeds or fails, never when it is ignored, so a skipped member would leave
-        the chord waiting for ever, its callback never run. Failing it makes the chord fail with
-        a ChordError that names the duplicate, and run its error callbacks.
+        A call that a workflow depends on fails with DuplicateTask instead (see
+        :func:`_workflow_of`): Celery goes on with a chain, ``link=`` callbacks or a chord only
+        when a task succeeds, and fails them (calling ``link_error`` errbacks) only when it fails;
+        an ignored task does neither, so the rest would be dropped without a word and every
+        ``get()`` on it would wait for ever. Failing it lets Celery mark the rest of the chain
+        failed, fail the chord with a ChordError, and run the errbacks.
         """
-        if request.chord:
+        workflow = _workflow_of(request)
+        if workflow:
             log.warning(
-                "%s[%s]: skipped as a duplicate inside a chord; failing it with DuplicateTask so "
-                "that the chord does not wait for ever (use on_duplicate='wait' or 'retry' for "
-                "chord members)",
+                "%s[%s]: skipped as a duplicate inside %s; failing it with DuplicateTask so that "
+                "the workflow fails visibly instead of stopping here (use on_duplicate='wait' or "
+                "'retry' to run it after its twin)",
                 self.name,
                 request.id,
+                workflow,
             )
             raise DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
         store = not _ignores_result(self, request) and (
@@ -376,6 +426,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
             not guard.options.dedupe_enqueue
             or link
             or link_error
+            or options.get("chain") is not None
             or any(options.get(name) for name in _CANVAS_OPTIONS)
         ):
             return super().apply_async(
@@ -395,7 +446,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                     call_kwargs,
                     task_id,
                     is_pending=self._tasklock_is_pending,
-                    delay=_seconds_until_due(options),
+                    delay=seconds_until_due(options, self._tasklock_app()),
                 )
             except BackendUnavailable as exc:
                 if guard.options.on_backend_error != "run":
@@ -428,16 +479,6 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         except Exception:
             return True
         return state not in _FINISHED_STATES
-
-
-def _seconds_until_due(options: Mapping[str, Any]) -> float:
-    """How far ahead a ``countdown``/``eta`` schedules the call (0 for now)."""
-    countdown, eta = options.get("countdown"), options.get("eta")
-    if isinstance(countdown, int | float):
-        return max(0.0, float(countdown))
-    if isinstance(eta, datetime.datetime):
-        return max(0.0, eta.timestamp() - time.time())
-    return 0.0
 
 
 def _skip_direct(duplicate: Duplicate) -> None:
@@ -479,22 +520,6 @@ signals.task_revoked.connect(_on_revoked, weak=False, dispatch_uid="tasklock.cel
 
 
 # -- the decorator -------------------------------------------------------------------------------
-def _split_options(options: dict[str, Any], name: str) -> dict[str, Any]:
-    """Take tasklock's options out of ``options`` (the rest is Celery's); catch near-miss typos,
-    which Celery would otherwise keep silently as a custom task attribute."""
-    ours = {k: options.pop(k) for k in OPTION_NAMES if k in options}
-    for key in options:
-        if hasattr(Task, key):
-            continue
-        close = difflib.get_close_matches(key, OPTION_NAMES, n=1, cutoff=0.8)
-        if close:
-            raise ConfigurationError(
-                f"singleton_task {name}: unknown option {key!r}; did you mean {close[0]!r}? "
-                f"(tasklock options: {', '.join(OPTION_NAMES)})"
-            )
-    return ours
-
-
 @overload
 def singleton_task(func: Callable[_P, _R], /) -> Task[_P, _R]: ...
 
@@ -526,7 +551,7 @@ def singleton_task(func: Callable[..., Any] | None = None, /, **options: Any) ->
                 f"(write `class MyBase(SingletonTask, {getattr(base, '__name__', base)})`)"
             )
         celery_options = dict(options)
-        tasklock = {**explicit, **_split_options(celery_options, name)}
+        tasklock = {**explicit, **split_options(celery_options, name)}
         # Validate now: with an app that is not finalized yet, Celery creates the class later.
         Guard(
             _call_target(fun if celery_options.get("bind") else staticmethod(fun), name),

@@ -7,6 +7,14 @@ on stderr saying what is wrong and what to do; no tracebacks.
 
 URLs: ``--url`` (``--urls`` for ``doctor``), else ``$TASKLOCK_URL`` (``$TASKLOCK_URLS``,
 comma-separated, for ``doctor``), else ``redis://localhost:6379/0``.
+
+Keys: ``ls`` prints each key as one line of printable text (backslash escapes for bytes that are
+not UTF-8, newlines and other characters that do not print: see
+:func:`tasklock.ops.inspect.key_text`), and ``show`` and ``release`` read a KEY in that same form,
+so whatever ``ls`` printed can be pasted back. A KEY passed as raw bytes (``$'bin-\\xff'`` in
+bash) is found too: the bytes of argv are recovered with ``os.fsencode``. No value a server can
+hold makes the command print a traceback: output that the terminal's encoding cannot take is
+escaped (``\\uNNNN``), which ``show`` reads back as the same key.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import importlib
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +40,8 @@ from tasklock.ops.inspect import (
     KeyState,
     LockInfo,
     fence_counter_keys,
+    key_from_text,
+    key_text,
     list_locks,
     read_fence_counters,
     read_key,
@@ -95,12 +106,41 @@ def connect(url: str, option: str) -> redis.Redis:
         ) from exc
 
 
+# --- keys ---------------------------------------------------------------------------------------
+
+
+def _argv_bytes(text: str) -> bytes:
+    """The bytes an argument was typed as. Python decodes argv with the locale's encoding and
+    ``surrogateescape``; ``os.fsencode`` undoes exactly that, whatever the locale. A string that
+    did not come from argv (``main([...])`` from Python) and does not fit the locale's encoding
+    is taken as UTF-8."""
+    try:
+        return os.fsencode(text)
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+
+
+def key_argument(text: str) -> str:
+    """The key a KEY argument names (``surrogateescape`` form): the form ``ls`` prints, or raw
+    bytes. A malformed escape is a usage error saying how keys are written."""
+    typed = _argv_bytes(text).decode("utf-8", "surrogateescape")  # keys are UTF-8 + bytes
+    try:
+        return key_from_text(typed)
+    except ValueError as exc:
+        raise CommandFailed(f"KEY {exc}", code=2) from None
+
+
+def _quoted(key: str) -> str:
+    return f"'{key_text(key)}'"
+
+
 # --- commands -----------------------------------------------------------------------------------
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
     url, origin = resolve_url(args.url)
-    locks = list_locks(connect(url, origin), args.match)
+    # The pattern is a SCAN glob (its backslashes escape * ? [), sent as the bytes typed.
+    locks = list_locks(connect(url, origin), _argv_bytes(args.match))
     if args.json:
         print(json.dumps([info.to_json() for info in locks], indent=2))
     elif not locks:
@@ -110,40 +150,50 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _held_lock(state: KeyState, url: str) -> LockInfo:
-    """The lock ``state`` holds; a CommandFailed saying what it is when it is no tasklock lock."""
+def _held_lock(state: KeyState, url: str, typed: str) -> LockInfo:
+    """The lock ``state`` holds; a CommandFailed saying what it is when it is no tasklock lock.
+    ``typed`` is the KEY argument as given, for the hint on how keys are read."""
     where = redact_url(url)
     if not state.exists:
+        hint = ""
+        if "\\" in typed:
+            hint = (
+                ". KEY is read as `tasklock ls` prints keys, where \\\\ is one backslash and "
+                "\\n, \\t, \\xNN are escapes; `tasklock ls` shows the key to give"
+            )
         raise CommandFailed(
-            f"{state.key!r} is not held on {where} (no such key: released or expired)"
+            f"{_quoted(state.key)} is not held on {where} (no such key: released or expired)" + hint
         )
     if state.type != "string":
         raise CommandFailed(
-            f"{state.key!r} on {where} is a Redis {state.type}, not a tasklock lock "
+            f"{_quoted(state.key)} on {where} is a Redis {state.type}, not a tasklock lock "
             "(`tasklock ls` lists the locks)"
         )
     if state.lock is None:
         shown = (state.raw_value or b"")[:80].decode("utf-8", "backslashreplace")
         raise CommandFailed(
-            f"{state.key!r} on {where} does not hold a tasklock lock value (it holds {shown!r}: "
-            "a fence counter, an enqueue marker or another library's key); tasklock leaves it alone"
+            f"{_quoted(state.key)} on {where} does not hold a tasklock lock value (it holds "
+            f"{shown!r}: a fence counter, an enqueue marker or another library's key); tasklock "
+            "leaves it alone"
         )
     return state.lock
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    key = key_argument(args.key)
     url, origin = resolve_url(args.url)
     client = connect(url, origin)
-    lock = _held_lock(read_key(client, args.key), url)
-    candidates = fence_counter_keys(args.key)
-    counters = read_fence_counters(client, [key for _, key in candidates])
+    lock = _held_lock(read_key(client, key), url, args.key)
+    candidates = fence_counter_keys(key)
+    counters = read_fence_counters(client, [counter for _, counter in candidates])
     # Show the counters that exist; when none does, the most likely one as "not set".
     counters = {k: v for k, v in counters.items() if v is not None} or {candidates[0][1]: None}
     labels = {key: label for label, key in candidates}
     if args.json:
         data = lock.to_json()
         data["fence_counters"] = [
-            {"key": key, "kind": labels[key], "value": counters[key]} for key in counters
+            {"key": key_text(counter), "kind": labels[counter], "value": counters[counter]}
+            for counter in counters
         ]
         print(json.dumps(data, indent=2))
     else:
@@ -152,7 +202,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 FORCE_REFUSAL = (
-    "refusing to release {key!r} without --force: releasing a held lock breaks mutual exclusion "
+    "refusing to release {key} without --force: releasing a held lock breaks mutual exclusion "
     "(its holder keeps running and a second one can start). Prefer waiting for its TTL, which "
     "frees the lock of a dead holder on its own; use --force only when the holder is gone"
 )
@@ -178,21 +228,22 @@ def confirm(prompt: str) -> bool:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
+    key = key_argument(args.key)
     if not args.force:
-        raise CommandFailed(FORCE_REFUSAL.format(key=args.key), code=2)
+        raise CommandFailed(FORCE_REFUSAL.format(key=_quoted(key)), code=2)
     url, origin = resolve_url(args.url)
     client = connect(url, origin)
-    lock = _held_lock(read_key(client, args.key), url)
-    print(f"{args.key} is held by {holder_line(lock)}")
+    lock = _held_lock(read_key(client, key), url, args.key)
+    print(f"{key_text(key)} is held by {holder_line(lock)}")
     if not args.yes and not confirm(
         "Release it now? Its holder, if still running, will no longer be exclusive. [y/N] "
     ):
         print("Not released.")
         return 1
-    if release_if_unchanged(client, args.key, lock.raw_value):
-        print(f"Released {args.key}; waiters were woken.")
+    if release_if_unchanged(client, key, lock.raw_value):
+        print(f"Released {key_text(key)}; waiters were woken.")
         return 0
-    now = read_key(client, args.key)
+    now = read_key(client, key)
     if now.lock is not None:
         current = f"now held by {holder_line(now.lock)}"
     elif now.exists:
@@ -200,7 +251,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     else:
         current = "no longer held"
     raise CommandFailed(
-        f"{args.key!r} changed since it was shown ({current}): nothing released; run the "
+        f"{_quoted(key)} changed since it was shown ({current}): nothing released; run the "
         "command again to see the current holder"
     )
 
@@ -338,12 +389,28 @@ def build_parser() -> argparse.ArgumentParser:
 # --- entry point --------------------------------------------------------------------------------
 
 
+_LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
+
+
 def _error(message: str) -> None:
-    print(f"tasklock: error: {' '.join(message.split())}", file=sys.stderr)
+    # One line: a message from redis-py or the server may span several. Only line breaks are
+    # joined; runs of spaces stay, since they can be part of a key.
+    print(f"tasklock: error: {_LINE_BREAKS.sub(' ', message.strip())}", file=sys.stderr)
+
+
+def _escape_what_the_terminal_cannot_print() -> None:
+    """Print characters the output encoding lacks as ``\\uNNNN`` instead of raising
+    UnicodeEncodeError (a key in Cyrillic on a Latin-1 terminal); ``show`` reads the escape back
+    as the same character."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            reconfigure(errors="backslashreplace")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (the console script exits with it)."""
+    _escape_what_the_terminal_cannot_print()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -368,6 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     except redis_errors.RedisError as exc:
         _error(f"Redis refused the request: {exc}. Check the URL's user and permissions (ACL).")
         return 1
+    except UnicodeDecodeError as exc:
+        # Only a client that decodes replies (decode_responses in the URL's query) meets a key
+        # or value that is not UTF-8 this way; tasklock's own reads take bytes.
+        _error(
+            f"Redis sent a key or value that is not UTF-8 ({exc.reason}), and the URL asks "
+            "redis-py to decode replies: remove decode_responses from the URL's query"
+        )
+        return 2
     except BrokenPipeError:
         # The reader (`| head`) went away: stop quietly, and keep Python's exit-time flush quiet.
         devnull = os.open(os.devnull, os.O_WRONLY)

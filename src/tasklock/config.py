@@ -20,13 +20,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasklock.core.connection import validate_url
+from tasklock.core.base import MAX_TTL
+from tasklock.core.urls import validate_url
 from tasklock.errors import ConfigurationError
 
 __all__ = [
     "DEFAULTS",
     "OPTION_NAMES",
     "TASK_ONLY_OPTIONS",
+    "WHERE_TO_SET_URL",
     "Problem",
     "TaskOptions",
     "check_options",
@@ -38,6 +40,9 @@ ON_DUPLICATE = ("skip", "raise", "retry", "wait")
 ON_WAIT_TIMEOUT = ("skip", "raise", "retry")
 ON_BACKEND_ERROR = ("raise", "run")
 DEFAULT_FENCE_KEYWORD = "fence_token"
+#: The shortest ``ttl`` / ``pending_ttl``: the lock core's floor for a TTL (one millisecond, the
+#: unit Redis expires keys in).
+MIN_TTL = 0.001
 
 DEFAULTS: dict[str, Any] = {
     "ttl": 30.0,
@@ -57,6 +62,13 @@ DEFAULTS: dict[str, Any] = {
 OPTION_NAMES: tuple[str, ...] = tuple(sorted(DEFAULTS))
 #: Options that describe one task's signature; they make no sense as project-wide settings.
 TASK_ONLY_OPTIONS = ("fencing", "key")
+#: Every place a lock URL can be set, for the "no Redis configured" errors of the guard and the
+#: adapters, so that each names all of them (a Django project reading one that leaves out
+#: TASKLOCK["URL"] would go looking for a Celery setting instead).
+WHERE_TO_SET_URL = (
+    "pass url='redis://...' to the task, or set Django's TASKLOCK['URL'], Celery's "
+    "tasklock_url (Django: CELERY_TASKLOCK_URL) or the TASKLOCK_URL environment variable"
+)
 
 
 @dataclass(frozen=True)
@@ -74,9 +86,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _url_problem(option: str, value: Any) -> str | None:
+def _url_problem(option: str, value: Any, *, single_server: bool = False) -> str | None:
+    """What is wrong with a URL option, in the words decoration-time validation uses."""
     try:
-        validate_url(value, option)
+        validate_url(value, option, single_server=single_server)
     except ConfigurationError as exc:
         return str(exc)
     return None
@@ -125,7 +138,28 @@ def check_options(
                 "e.g. 30",
                 "E002",
             )
-    if "ttl" in options and _is_number(get("ttl")) and 0 < get("ttl") < 1:
+        elif name in options and get(name) * 1000 < 1:
+            # The floor the lock core enforces (it sets expiries in whole milliseconds, and 0 ms
+            # is no expiry Redis takes): below it every call of the task would fail, so it is an
+            # error here, where the option is given, not a warning.
+            bad(
+                name,
+                f"{name} must be at least {MIN_TTL} seconds, got {get(name)!r}",
+                "Redis expires keys in whole milliseconds; a TTL is the backstop for a crashed "
+                "worker, so give seconds, e.g. 30",
+                "E002",
+            )
+        elif name in options and get(name) > MAX_TTL:
+            bad(
+                name,
+                f"{name} must be at most {MAX_TTL:.0f} seconds (a year), got {get(name)!r}",
+                "a TTL is the backstop for a crashed worker; the watchdog renews a short one for "
+                "as long as the task runs",
+                "E002",
+            )
+    if "ttl" in options and _is_number(get("ttl")) and MIN_TTL <= get("ttl") < 1:
+        # Legal, but the watchdog then renews several times a second and a GC pause or a slow
+        # round trip loses the lock.
         bad("ttl", f"ttl={get('ttl')!r} s is very short", "keep ttl >= 1 s", "W001", warning=True)
     if "wait_timeout" in options and get("wait_timeout") is not None:
         value = get("wait_timeout")
@@ -203,7 +237,7 @@ def check_options(
             bad("urls", f"urls must be a non-empty list of Redis URLs, got {urls!r}", "", "E006")
         else:
             for index, url in enumerate(urls):
-                message = _url_problem(f"urls[{index}]", url)
+                message = _url_problem(f"urls[{index}]", url, single_server=True)
                 if message:
                     bad("urls", message, "e.g. redis://node-1:6379/0", "E006")
             if len(set(urls)) != len(urls):

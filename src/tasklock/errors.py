@@ -8,6 +8,8 @@ the same reason, and :class:`ConfigurationError` / :class:`KeyEncodingError` sub
 
     TaskLockError
     ├── ConfigurationError        (ValueError)  a bad option, named
+    │   └── BackendRefused        (redis.RedisError)  Redis refused the credentials, an ACL
+    │                             permission or the database: which, and how to fix it
     ├── KeyEncodingError          (TypeError)   a task argument that cannot be part of a key
     ├── BackendUnavailable        (redis.ConnectionError)  Redis did not answer: URL + what to check
     │   └── QuorumNotReached      Redlock: too few masters answered; which ones and why
@@ -26,6 +28,7 @@ from typing import Any
 import redis.exceptions as redis_errors
 
 __all__ = [
+    "BackendRefused",
     "BackendUnavailable",
     "ConfigurationError",
     "DuplicateJob",
@@ -48,6 +51,22 @@ class ConfigurationError(TaskLockError, ValueError):
     """An option or setting is wrong. The message names the option and the accepted values."""
 
 
+class BackendRefused(ConfigurationError, redis_errors.RedisError):
+    """Redis refused tasklock's settings: a wrong password, an ACL user without a command or key
+    tasklock needs (NOPERM), a database the server does not have.
+
+    A setting to fix, not an outage, so not :class:`BackendUnavailable`: retrying would loop until
+    someone fixes it, and ``on_backend_error="run"`` must not run every task unlocked because of
+    a typo. Also a redis-py ``RedisError``, so handlers written for redis-py still see it. The
+    message names the server and the fix; the redis-py error is chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str) -> None:
+        redis_errors.RedisError.__init__(self, message)
+
+    __repr__ = Exception.__repr__  # RedisError's shows only the class, hiding the message
+
+
 class KeyEncodingError(TaskLockError, TypeError):
     """A task argument cannot be encoded into a lock key (the message names it and its type)."""
 
@@ -58,6 +77,8 @@ class BackendUnavailable(TaskLockError, redis_errors.ConnectionError):
     The message names the server and what to check; the redis-py error is chained as
     ``__cause__``.
     """
+
+    __repr__ = Exception.__repr__  # redis-py's ConnectionError shows only the class in %r logs
 
 
 class QuorumNotReached(BackendUnavailable):

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tasklock import stats
-from tasklock.config import TaskOptions, resolve_options, validate_options
+from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
+from tasklock.core.backoff import backoff_ceiling, half_jitter
 from tasklock.core.base import BaseLock
 from tasklock.core.connection import backend_errors, client_for_url
 from tasklock.core.lock import Lock
@@ -42,7 +43,7 @@ from tasklock.errors import (
 )
 from tasklock.signature import CallKey
 
-__all__ = ["Duplicate", "Guard", "reset_all"]
+__all__ = ["RETRY_FIRST_DELAY", "Duplicate", "Guard", "duplicate_retry_delay", "reset_all"]
 
 log = logging.getLogger("tasklock")
 
@@ -61,6 +62,62 @@ _jitter = random.Random()
 # Reseeded in a forked child, as the random module does for its own: prefork siblings must not
 # draw the same delays.
 os.register_at_fork(after_in_child=_jitter.seed)
+
+#: Ceiling of the first retry of a duplicate (``on_duplicate="retry"``): it comes 0.5-1 s after the
+#: call met its holder; every later one may wait twice as long, up to the TTL.
+RETRY_FIRST_DELAY = 1.0
+
+#: A retry is due at least this long after the holder's key would expire on its own.
+_EXPIRY_GRACE = 0.25
+
+
+def duplicate_retry_delay(
+    attempt: int,
+    *,
+    ttl: float,
+    holder_ttl: float | None,
+    rng: random.Random,
+    max_retries: int | None = None,
+) -> float:
+    """Seconds before a duplicate's retry, ``attempt`` being the retries it made before (0 first).
+
+    Not the holder's TTL left (the rule this replaced): the watchdog renews a running holder at a
+    third of its TTL, so its TTL left stays near the full TTL and says only that the holder is
+    alive, never when it finishes. Waiting for it made a duplicate of a holder done in 2 s wait
+    about one TTL. Nothing else predicts a holder's end either (its age comes from another host's
+    clock), so the retries probe, in capped exponential backoff:
+
+    * the ceiling starts at :data:`RETRY_FIRST_DELAY` (1 s) and doubles per attempt up to the TTL
+      (at least that first second): a short holder is retried within a few seconds, a long one
+      costs a retry per half a TTL to a TTL. To outwait a holder that runs ``D`` more seconds a
+      duplicate makes at most ``ceil(log2(2D + 1))`` retries while ``D`` is below the TTL, and
+      comes at most ``min(TTL, 2D + 1)`` seconds after the release;
+    * ``max_retries`` (Celery's, which these retries count against; None = no limit) too small to
+      double all the way grows the ceiling faster, by ``(TTL / 1 s) ** (1 / (max_retries - 1))``,
+      so that the last retry allowed still waits up to a TTL instead of the budget running out
+      within seconds of meeting a holder (Celery's default 3: ceilings 1 s, 5.5 s, 30 s);
+    * the delay is drawn between half the ceiling and the ceiling from ``rng``: duplicates that
+      met one holder together come back spread over that range, not in lock-step, and the half
+      that is certain keeps the number of retries bounded;
+    * never later than :data:`_EXPIRY_GRACE` plus up to an eighth of the ceiling after
+      ``holder_ttl`` (the holder's TTL left, None when unknown): a holder that died frees the
+      lock when its key expires. A live holder's TTL left (at least two thirds of the TTL, as the
+      watchdog renews it) leaves the early retries alone.
+    """
+    cap = max(ttl, RETRY_FIRST_DELAY)
+    growth = 2.0
+    if max_retries is not None and max_retries > 1:
+        growth = max(growth, (cap / RETRY_FIRST_DELAY) ** (1.0 / (max_retries - 1)))
+    if max_retries is not None and max_retries <= 1:
+        ceiling = cap
+    else:
+        ceiling = backoff_ceiling(RETRY_FIRST_DELAY, cap, attempt, growth)
+    delay = half_jitter(ceiling, rng)
+    if holder_ttl is not None:
+        # Drawn too, or every duplicate past the key's expiry would come back at one instant.
+        expired = max(0.0, holder_ttl) + _EXPIRY_GRACE + ceiling / 8 * rng.random()
+        delay = min(delay, expired)
+    return round(delay, 3)
 
 
 @dataclass(frozen=True)
@@ -170,8 +227,7 @@ class Guard:
             if client is not None:
                 return client
         raise ConfigurationError(
-            f"no Redis configured for tasklock (task {self.name}): pass url='redis://...' to the "
-            "task, set TASKLOCK_URL, Django's TASKLOCK['URL'] or Celery's tasklock_url"
+            f"no Redis configured for tasklock (task {self.name}): {WHERE_TO_SET_URL}"
         )
 
     # -- keys ------------------------------------------------------------------------------------
@@ -313,8 +369,11 @@ class Guard:
         args = tuple(args)
         options = self.options
         key = self.lock_key(args, kwargs)
-        lock = self.lock_for(key, task_id)
+        lock: BaseLock | None = None
         try:
+            # Inside the try: a cluster client connects when it is made, so an unreachable
+            # cluster is a backend error here too (on_backend_error applies).
+            lock = self.lock_for(key, task_id)
             acquired = lock.acquire(blocking=False)
             waited = False
             holder: Holder | None = None
@@ -352,7 +411,7 @@ class Guard:
             # Raised asynchronously (RQ's job timeout, Celery's soft time limit, Ctrl-C), it can
             # land after the acquire script succeeded: never leave that hold to the watchdog,
             # which would renew it for as long as this process lives.
-            if lock.fence is not None:
+            if lock is not None and lock.fence is not None:
                 self._release(lock)
             raise
         if not acquired:
@@ -413,9 +472,17 @@ class Guard:
             return on_retry(duplicate)
         return on_skip(duplicate)
 
-    def retry_delay(self, duplicate: Duplicate) -> float:
-        """Seconds until a retry is worth trying: the holder's TTL left, plus jitter so that
-        a burst of duplicates does not come back in lock-step."""
-        ttl = self.options.ttl
-        base = duplicate.holder_ttl if duplicate.holder_ttl is not None else ttl
-        return round(max(0.5, base) + _jitter.uniform(0, max(0.5, ttl * 0.1)), 3)
+    def retry_delay(
+        self, duplicate: Duplicate, *, attempt: int, max_retries: int | None = None
+    ) -> float:
+        """Seconds until a duplicate's retry is worth trying: :func:`duplicate_retry_delay` with
+        this task's TTL and the guard's own jitter generator. ``attempt`` is how many retries the
+        call made before (Celery: ``request.retries``; RQ: the count in the job's meta), and
+        ``max_retries`` the adapter's limit on them, if any."""
+        return duplicate_retry_delay(
+            attempt,
+            ttl=self.options.ttl,
+            holder_ttl=duplicate.holder_ttl,
+            rng=_jitter,
+            max_retries=max_retries,
+        )

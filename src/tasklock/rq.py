@@ -30,10 +30,23 @@ How each RQ mechanism is used, and why:
   (:mod:`tasklock.stats`) and recorded in ``job.meta["tasklock"]``:
   ``skip`` finishes the job without running the body; ``raise`` fails it with
   :class:`~tasklock.errors.DuplicateJob`; ``retry`` returns ``rq.Retry`` so RQ reschedules the
-  *same* job (same id, meta, options) after the holder's remaining TTL -- a scheduled job needs a
+  *same* job (same id, meta, options) after 1 s, then after jittered delays that double up to
+  the TTL (:meth:`Guard.retry_delay`) -- a scheduled job needs a
   worker started with ``--with-scheduler``, and when no scheduler holds the job's queue the job
   fails with a ConfigurationError that says so, instead of waiting unseen; ``wait`` blocks in the
   horse until the holder releases (woken by the release) or ``wait_timeout`` passes.
+* **Dependents of a duplicate.** RQ releases a job's dependents (``depends_on=``) when it ends,
+  and a duplicate ends at once (``skip``: finished; ``raise``: failed, which releases dependents
+  that allow failures) while its twin is still doing the work. So a duplicate that has dependents
+  also makes each of them depend on the twin, in one script: RQ then holds each dependent until
+  both jobs have ended, exactly as for ``depends_on=[duplicate, twin]``, whatever the order in
+  which the two end (see ``RQ_ATTACH_DEPENDENTS`` in :mod:`tasklock.core.scripts`). The twin is
+  the lock's holder, named by the job id in its owner record. When the holder is no job in this
+  job's Redis (a direct call, a job of another RQ Redis sharing the lock server) nothing in RQ
+  ends with its work: a skipped duplicate with
+  dependents then fails with DuplicateJob instead, so they stay deferred and the failure shows.
+  A duplicate nobody depends on costs nothing more: the look at its dependents rides in the round
+  trip that records the duplicate in ``job.meta``.
 * **dedupe_enqueue.** ``settle.enqueue`` claims a marker holding the new job's id before it
   enqueues; a twin's ``enqueue`` gets the pending ``Job`` back instead. The horse clears the
   marker when the job finishes or fails for good (not when RQ will retry it). Cancelled, deleted,
@@ -47,6 +60,7 @@ import functools
 import inspect
 import logging
 import math
+import re
 import sys
 import time
 import uuid
@@ -61,6 +75,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus, get_current_job
 from rq.scheduler import RQScheduler
 
+from tasklock.core.scripts import RQ_ATTACH_DEPENDENTS
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateJob
 from tasklock.guard import Duplicate, Guard
 
@@ -82,6 +97,10 @@ _DONE = frozenset({JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobS
 _RETRY_FOREVER = 2**31 - 1
 #: A job that returns rq.Retry is rescheduled by RQ itself from rq 2.1 on.
 _RQ_RETURNS_RETRY = tuple(int(p) for p in rq.__version__.split(".")[:2] if p.isdigit()) >= (2, 1)
+
+#: The job id in a holder's description (``Holder.describe()``: ``k=v`` pairs; the guard puts the
+#: job id under ``task``). RQ job ids are letters, digits, ``_`` and ``-``.
+_HOLDER_TASK = re.compile(r"(?:^|\s)task=([\w-]+)(?=\s|$)")
 
 # The Redis of the queue being enqueued to, for the guard's default client (see _default_client).
 _enqueue_connection: ContextVar[Any] = ContextVar("tasklock_rq_connection", default=None)
@@ -112,6 +131,13 @@ def _pending_job(queue: Queue, job_id: str) -> Job | None:
             time.sleep(0.02)
             continue
         return None if job.get_status(refresh=False) in _DONE else job
+
+
+def _update_meta(job: Job, fields: dict[str, Any]) -> None:
+    meta = job.meta.get(META_KEY)
+    if not isinstance(meta, dict):
+        meta = job.meta[META_KEY] = {}
+    meta.update(fields)
 
 
 def _rq_decorator_of(delay: Callable[..., Any]) -> Any:
@@ -198,24 +224,20 @@ class SingletonJob:
         if job is None or job.func_name != self.name:
             return self._run_direct(args, kwargs)
         guard = self.guard
+        failed_skips: list[DuplicateJob] = []  # skips turned into failures, recorded already
         try:
             result = guard.run(
                 args,
                 kwargs,
                 functools.partial(self._body, job, args, kwargs),
                 task_id=job.id,
-                on_skip=functools.partial(self._skip, job),
+                on_skip=functools.partial(self._skip, job, failed_skips),
                 on_retry=functools.partial(self._retry, job),
                 duplicate_error=DuplicateJob,
             )
         except BaseException as exc:
-            if isinstance(exc, DuplicateJob):
-                try:
-                    self._record(job, outcome="duplicate", key=exc.key, holder=exc.holder)
-                except Exception as meta_error:  # the job fails with DuplicateJob all the same
-                    log.warning(
-                        "%s: could not record the duplicate in job.meta: %s", self.name, meta_error
-                    )
+            if isinstance(exc, DuplicateJob) and not any(exc is e for e in failed_skips):
+                self._duplicate_failed(job, exc)
             if guard.options.dedupe_enqueue and not _will_retry(job):
                 guard.clear_pending(args, kwargs, job.id)
             raise
@@ -233,8 +255,82 @@ class SingletonJob:
             self._record(job, outcome="ran")
         return self.func(*args, **kwargs)
 
-    def _skip(self, job: Job, duplicate: Duplicate) -> None:
-        self._record(job, outcome="skipped", duplicate=duplicate.as_meta())
+    def _skip(self, job: Job, failed_skips: list[DuplicateJob], duplicate: Duplicate) -> None:
+        """Finish without the body; a job with dependents first makes them wait for the twin.
+
+        When they cannot wait for it (the holder is no RQ job of this Redis) the job fails with
+        DuplicateJob instead of finishing: RQ keeps a failed job's dependents deferred (those
+        that allow failures excepted), and the failure is there to see and requeue.
+        """
+        dependents = self._record_duplicate(job, outcome="skipped", duplicate=duplicate.as_meta())
+        if not dependents:
+            return
+        twin, problem = self._follow_twin(job, dependents, duplicate.holder)
+        if problem is None:
+            self._record(job, dependents={"after": twin, "jobs": dependents})
+            return
+        self._record(
+            job,
+            outcome="duplicate",
+            key=duplicate.key,
+            holder=duplicate.holder,
+            dependents={"not_ordered": problem, "jobs": dependents},
+        )
+        error = DuplicateJob(f"{duplicate.message()}; {problem}", duplicate.key, duplicate.holder)
+        failed_skips.append(error)
+        raise error
+
+    def _duplicate_failed(self, job: Job, error: DuplicateJob) -> None:
+        """A duplicate that fails (on_duplicate="raise", or after waiting): record it, and make
+        its dependents wait for the twin too -- RQ releases those that allow failures as soon as
+        this job fails. Never raises: the job fails with DuplicateJob all the same."""
+        try:
+            dependents = self._record_duplicate(
+                job, outcome="duplicate", key=error.key, holder=error.holder
+            )
+            if dependents:
+                twin, problem = self._follow_twin(job, dependents, error.holder)
+                ordered = {"after": twin} if problem is None else {"not_ordered": problem}
+                self._record(job, dependents={**ordered, "jobs": dependents})
+        except Exception as meta_error:
+            log.warning("%s: could not record the duplicate in job.meta: %s", self.name, meta_error)
+
+    def _follow_twin(
+        self, job: Job, dependents: list[str], holder: str | None
+    ) -> tuple[str | None, str | None]:
+        """Make ``dependents`` of this duplicate depend on the twin as well (RQ_ATTACH_DEPENDENTS).
+
+        Returns (the twin's job id, None), or (None, why they cannot follow it). The twin is the
+        job the lock's holder names; one that has ended since is fine (RQ counts it as ended).
+        """
+        match = _HOLDER_TASK.search(holder or "")
+        if match is not None:
+            twin = match.group(1)
+            job_class = type(job)
+            keys = [job_class.key_for(twin), job_class.dependents_key_for(twin)]
+            for dependent in dependents:
+                keys.append(job_class.key_for(dependent))
+                keys.append(job_class(dependent, connection=job.connection).dependencies_key)
+            attached = RQ_ATTACH_DEPENDENTS.ordinary(
+                job.connection, keys, [twin, JobStatus.FINISHED.value, *dependents]
+            )
+            if attached >= 0:
+                log.info(
+                    "%s: job %s met its twin, job %s; its dependents %s wait for the twin too",
+                    self.name,
+                    job.id,
+                    twin,
+                    dependents,
+                )
+                return twin, None
+        problem = (
+            f"this job has dependents ({', '.join(dependents)}) that cannot be ordered after "
+            f"the twin's work: the holder is no RQ job in this job's Redis (holder: {holder}). "
+            "The job fails instead of finishing so that RQ keeps them deferred (those that "
+            "allow failures run now); requeue it from the FailedJobRegistry to run the work"
+        )
+        log.warning("%s: job %s: %s", self.name, job.id, problem)
+        return None, problem
 
     def _retry(self, job: Job, duplicate: Duplicate) -> Retry:
         if not _RQ_RETURNS_RETRY:
@@ -251,9 +347,10 @@ class SingletonJob:
                 "instead of waiting unseen in the ScheduledJobRegistry; requeue it from the "
                 "FailedJobRegistry once a scheduler runs"
             )
-        delay = math.ceil(self.guard.retry_delay(duplicate))  # RQ schedules in whole seconds
         previous = job.meta.get(META_KEY)
         retries = int(previous.get("retries", 0)) + 1 if isinstance(previous, dict) else 1
+        # The delays grow with the retries made so far; RQ schedules in whole seconds.
+        delay = math.ceil(self.guard.retry_delay(duplicate, attempt=retries - 1))
         self._record(
             job, outcome="retry", duplicate=duplicate.as_meta(), retry_in=delay, retries=retries
         )
@@ -261,11 +358,22 @@ class SingletonJob:
 
     @staticmethod
     def _record(job: Job, **fields: Any) -> None:
-        meta = job.meta.get(META_KEY)
-        if not isinstance(meta, dict):
-            meta = job.meta[META_KEY] = {}
-        meta.update(fields)
+        _update_meta(job, fields)
         job.save_meta()  # type: ignore[no-untyped-call]
+
+    @staticmethod
+    def _record_duplicate(job: Job, **fields: Any) -> list[str]:
+        """Record a duplicate in ``job.meta`` and read the job's dependents in the same round
+        trip, so a duplicate nobody depends on costs what it did before."""
+        _update_meta(job, fields)
+        # rq >= 3 writes meta it could not read back as it found it; older rq has no such case.
+        serialize = getattr(job, "_serialize_meta", None)
+        data = serialize() if callable(serialize) else job.serializer.dumps(job.meta)
+        with job.connection.pipeline(transaction=False) as pipe:
+            pipe.hset(job.key, "meta", data)
+            pipe.smembers(job.dependents_key)
+            members = pipe.execute()[1]
+        return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
     def _run_direct(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``settle(...)`` called as a function: the same lock and policy, without a job."""

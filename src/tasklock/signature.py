@@ -53,7 +53,7 @@ def _plain(value: Any, path: str) -> Any:
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
-            if not isinstance(k, str | int | float | bool) and k is not None:
+            if (not isinstance(k, str | int | float | bool) and k is not None) or _non_finite(k):
                 raise _Unencodable(f"a dict key in {path}", k)
             out[k if isinstance(k, str) else json.dumps(k)] = _plain(v, f"{path}[{k!r}]")
         return out
@@ -77,7 +77,21 @@ def _plain(value: Any, path: str) -> Any:
     raise _Unencodable(path, value)
 
 
+def _non_finite(value: Any) -> bool:
+    """NaN or an infinity (float or Decimal): canonical JSON has no such numbers, and NaN is not
+    even equal to itself, so no two calls would agree on it."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    return isinstance(value, decimal.Decimal) and not value.is_finite()
+
+
 def _describe(exc: _Unencodable) -> str:
+    if _non_finite(exc.value):
+        return (
+            f"{exc.path} is {exc.value} (a {type(exc.value).__name__}): NaN and infinity cannot "
+            "be part of a call key (canonical JSON has no NaN or infinity); pass None or a finite "
+            "number"
+        )
     return f"{exc.path} has type {type(exc.value).__name__}, which cannot be part of a lock key"
 
 

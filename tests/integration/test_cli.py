@@ -106,7 +106,7 @@ def test_ls_table_lists_only_locks_newest_first(
     task_row = lines[2].split()
     assert task_row[2] == str(os.getpid())
     assert task_row[3] == f"{TASK}[job-7]"
-    assert task_row[-1] == str(middle.fence) == "42"  # the task counter was at 41
+    assert task_row[-1] == str(middle.fence)
     assert lines[1].split()[3] == "-"  # a core lock has no task
     for lock in (oldest, middle, newest):
         lock.release()
@@ -125,7 +125,10 @@ def test_ls_json_and_match(r: redis.Redis, redis_server: RedisServer, run: Run) 
     rows = json.loads(out)
     assert [row["key"] for row in rows] == [other_key, TASK_KEY]
     assert [row["task"] for row in rows] == ["job-2", "job-1"]
-    assert [row["fence"] for row in rows] == [second.fence, first.fence] == [43, 42]
+    assert [row["fence"] for row in rows] == [second.fence, first.fence]
+    assert second.fence is not None
+    assert first.fence is not None
+    assert second.fence > first.fence
     for row in rows:
         assert row["task_name"] == TASK
         assert row["pid"] == os.getpid()
@@ -161,7 +164,7 @@ def test_ls_uses_tasklock_url_env(
 
 
 def test_show_task_lock(r: redis.Redis, redis_server: RedisServer, run: Run) -> None:
-    r.set(TASK_FENCE, 9)
+    r.set(TASK_FENCE, 9 * 10**15)  # above the clock: the next fence is the counter's next
     lock = _task_lock(r, "job-3")
 
     code, out, _ = run("show", TASK_KEY, "--url", redis_server.url)
@@ -169,15 +172,16 @@ def test_show_task_lock(r: redis.Redis, redis_server: RedisServer, run: Run) -> 
     assert code == 0
     fields = dict(line.split(None, 1) for line in out.splitlines() if "counter" not in line)
     assert fields["value"] == r.get(TASK_KEY).decode()
-    assert fields["fence"] == "10"
+    assert fields["fence"] == "9000000000000001"
     assert "job-3" in out
     assert TASK in out
-    assert f"{TASK_FENCE} = 10" in out
+    assert f"{TASK_FENCE} = 9000000000000001" in out
 
     code, out, _ = run("show", TASK_KEY, "--url", redis_server.url, "--json")
     data = json.loads(out)
-    assert data["fence"] == lock.fence == 10
-    assert data["fence_counters"] == [{"key": TASK_FENCE, "kind": "task layer", "value": 10}]
+    assert data["fence"] == lock.fence == 9 * 10**15 + 1
+    counter = {"key": TASK_FENCE, "kind": "task layer", "value": 9 * 10**15 + 1}
+    assert data["fence_counters"] == [counter]
     assert data["meta"]["task"] == "job-3"
     lock.release()
 
@@ -218,6 +222,167 @@ def test_show_non_locks_fail(
     assert out == ""
     assert expected in err
     assert len(err.strip().splitlines()) == 1
+
+
+# --- keys of any bytes, values of any content ---------------------------------------------------
+
+#: A lock value as tasklock writes it, with metadata of the test's choosing.
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def _lock_value(meta: str, fence: int = 7) -> bytes:
+    return f"{TOKEN} {meta}#{fence}".encode()
+
+
+#: Keys that are not plain text, each holding a tasklock lock: bytes that are not UTF-8, control
+#: characters, spaces (inside and at the ends), backslashes, non-ASCII text, invisible characters.
+ODD_KEYS = [
+    b"bin-\xff-key",
+    b"\xc3\x28 truncated",
+    b"line\nbreak",
+    b"cr\rlf\ttab",
+    b"two words",
+    b" padded ",
+    b"back\\slash\\n",
+    "ключ-42".encode(),
+    b"nul\x00byte",
+    b"esc\x1b[31mred",
+    "nbsp\u00a0nel\u0085sep\u2028".encode(),
+]
+
+
+@pytest.fixture
+def odd_locks(r: redis.Redis) -> list[bytes]:
+    for i, key in enumerate(ODD_KEYS):
+        meta = f'{{"host":"h{i}","pid":{100 + i},"at":{1_700_000_000 + i},"task":"t{i}"}}'
+        r.set(key, _lock_value(meta, fence=i), px=60_000)
+    return ODD_KEYS
+
+
+def test_every_key_ls_prints_is_accepted_back_by_show_and_release(
+    r: redis.Redis, redis_server: RedisServer, run: Run, odd_locks: list[bytes]
+) -> None:
+    code, out, err = run("ls", "--url", redis_server.url, "--json")
+    assert (code, err) == (0, "")
+    printed = [row["key"] for row in json.loads(out)]
+    assert len(printed) == len(odd_locks)
+
+    code, table, err = run("ls", "--url", redis_server.url)
+    assert (code, err) == (0, "")
+    rows = table.splitlines()
+    assert len(rows) == 1 + len(odd_locks)  # no key breaks a row
+    for key, row in zip(printed, rows[1:], strict=True):
+        assert row.startswith(key + " ")  # the table prints what --json prints
+        assert key.isprintable()
+        assert not key.startswith(" ")
+
+    for key in printed:
+        code, out, err = run("show", key, "--url", redis_server.url)
+        assert (code, err) == (0, ""), key
+        assert f"key   {key}" in out.splitlines()[0] or out.splitlines()[0].endswith(key)
+
+    for key in printed:
+        code, out, err = run("release", key, "--force", "--yes", "--url", redis_server.url)
+        assert (code, err) == (0, ""), key
+    assert r.keys("*") == []  # every one found and released, none missed
+
+
+def test_a_key_given_as_raw_bytes_is_found(
+    r: redis.Redis, redis_server: RedisServer, run: Run
+) -> None:
+    r.set(b"bin-\xff-key", _lock_value('{"host":"h","pid":1,"at":1700000000}'), px=60_000)
+    # What Python makes of the byte 0xff in argv (surrogateescape), as from $'bin-\xff-key'.
+    code, out, err = run("show", "bin-\udcff-key", "--url", redis_server.url)
+    assert (code, err) == (0, "")
+    assert "bin-\\xff-key" in out
+    code, out, err = run("release", "bin-\udcff-key", "--force", "--yes", "--url", redis_server.url)
+    assert (code, err) == (0, "")
+    assert "Released bin-\\xff-key" in out
+    assert r.keys("*") == []
+
+
+def test_a_bad_escape_is_a_usage_error_that_explains_the_form(
+    redis_server: RedisServer, run: Run
+) -> None:
+    for key in ("C:\\temp\\q", "trailing\\", "\\xZZ", "\\ud800"):
+        code, out, err = run("show", key, "--url", redis_server.url)
+        assert (code, out) == (2, ""), key
+        assert "as `tasklock ls` prints" in err
+        assert "Traceback" not in err
+
+
+def test_a_literal_key_with_a_backslash_not_found_gets_a_hint(
+    r: redis.Redis, redis_server: RedisServer, run: Run
+) -> None:
+    r.set(b"C:\\temp", _lock_value('{"host":"h","pid":1}'), px=60_000)
+    code, _, err = run("show", "C:\\temp", "--url", redis_server.url)  # \t read as a tab
+    assert code == 1
+    assert "not held" in err
+    assert "\\\\" in err  # the hint: a backslash is written \\
+    assert run("show", "C:\\\\temp", "--url", redis_server.url)[0] == 0
+
+
+@pytest.mark.parametrize(
+    "at",
+    ["1e300", "-1e300", "1e20", "-5", "NaN", "Infinity", "-Infinity", '"today"', "null", "true"],
+)
+def test_any_acquisition_time_is_shown_or_left_unknown(
+    r: redis.Redis, redis_server: RedisServer, run: Run, at: str
+) -> None:
+    r.set("odd-at", _lock_value(f'{{"host":"h","pid":1,"at":{at}}}'), px=60_000)
+    r.set("fine", _lock_value('{"host":"h","pid":1,"at":1700000000.5}'), px=60_000)
+    for argv in (("ls",), ("ls", "--json"), ("show", "odd-at"), ("show", "odd-at", "--json")):
+        code, out, err = run(*argv, "--url", redis_server.url)
+        assert (code, err) == (0, ""), argv
+    code, out, _ = run("show", "odd-at", "--url", redis_server.url)
+    [acquired] = [line for line in out.splitlines() if line.startswith("acquired")]
+    assert "unknown" in acquired  # not a crash, nor a date in the year 3e292
+    code, out, _ = run("ls", "--url", redis_server.url)
+    assert out.splitlines()[1].startswith("fine ")  # a known time sorts first
+    assert out.splitlines()[2].split()[4] == "-"  # AGE unknown
+
+
+def test_odd_metadata_and_fence_counters_never_break_the_output(
+    r: redis.Redis, redis_server: RedisServer, run: Run
+) -> None:
+    meta = '{"host":"web\\n1\\u0000","pid":1,"task":"t\\r0","name":"x\\udcff","extra":"a\\u2028b"}'
+    r.set("tasklock:{app.x}:lock:1", _lock_value(meta), px=60_000)
+    r.set("tasklock:{app.x}:fence", b"\xff\xfe")  # not a number, not even UTF-8
+    r.set("{tasklock:{app.x}:lock:1}:fence", "\u00b2")  # "²".isdigit(), but not a number
+    for argv in (("ls",), ("show", "tasklock:{app.x}:lock:1")):
+        code, out, err = run(*argv, "--url", redis_server.url)
+        assert (code, err) == (0, ""), argv
+        for line in out.splitlines():
+            assert line.isprintable(), line
+    code, out, _ = run("ls", "--url", redis_server.url)
+    assert len(out.splitlines()) == 2
+    code, out, _ = run("show", "tasklock:{app.x}:lock:1", "--url", redis_server.url, "--json")
+    # Neither counter reads as a number, so show names the likeliest one as not set.
+    [counter] = json.loads(out)["fence_counters"]
+    assert (counter["key"], counter["value"]) == ("tasklock:{app.x}:fence", None)
+
+
+def test_a_url_that_decodes_replies_meets_a_key_that_is_not_utf8_without_a_traceback(
+    r: redis.Redis, redis_server: RedisServer, run: Run
+) -> None:
+    r.set(b"bin-\xff-key", _lock_value('{"host":"h","pid":1}'), px=60_000)
+    code, out, err = run("ls", "--url", f"{redis_server.url}?decode_responses=true")
+    assert (code, out) == (2, "")
+    assert "remove decode_responses" in err
+    # "=false" is on to redis-py (any text is true): refused as the URL is read.
+    code, out, err = run("ls", "--url", f"{redis_server.url}?decode_responses=false")
+    assert (code, out) == (2, "")
+    assert "which redis-py takes as on" in err
+
+
+def test_the_holder_line_names_the_task_without_a_stray_comma(
+    r: redis.Redis, redis_server: RedisServer, run: Run
+) -> None:
+    _task_lock(r, "t0")
+    code, out, _ = run("release", TASK_KEY, "--force", "--yes", "--url", redis_server.url)
+    assert code == 0
+    assert f"task t0 ({TASK}), fence " in out
+    assert "t0, (" not in out
 
 
 # --- release ------------------------------------------------------------------------------------
@@ -307,7 +472,9 @@ def test_release_yes_does_not_ask(r: redis.Redis, redis_server: RedisServer, run
     assert r.get(TASK_FENCE) == str(lock.fence).encode()  # the counter is kept
     waiter = tasklock.Lock(r, TASK_KEY, fence_key=TASK_FENCE)
     assert waiter.acquire(blocking=False)
-    assert waiter.fence == lock.fence + 1
+    assert waiter.fence is not None
+    assert lock.fence is not None
+    assert waiter.fence > lock.fence
     waiter.release()
 
 
@@ -328,7 +495,8 @@ def test_release_refuses_a_value_that_changed_meanwhile(
     assert code == 1
     assert f"fence {shown_fence}," in out  # what was shown
     assert "changed since it was shown" in err
-    assert second.fence == shown_fence + 1
+    assert second.fence is not None
+    assert second.fence > shown_fence
     assert f"fence {second.fence}," in err  # who holds it now
     assert second.owned()
     second.release()
@@ -564,6 +732,51 @@ def test_console_script_ls_json_and_unreachable(r: redis.Redis, redis_server: Re
     assert done.returncode == 1
     assert dead in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_console_script_takes_a_key_as_the_raw_bytes_typed(
+    r: redis.Redis, redis_server: RedisServer
+) -> None:
+    r.set(b"bin-\xff-key", _lock_value('{"host":"h","pid":1}'), px=60_000)
+    # As bash passes $'bin-\xff-key': the byte itself, not UTF-8 and not an escape.
+    for key in (b"bin-\xff-key", b"bin-\\xff-key"):
+        done = subprocess.run(
+            [SCRIPT, b"show", key, b"--url", redis_server.url.encode()],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert b"Traceback" not in done.stderr
+        assert done.stdout.startswith(b"key ")
+        assert b"bin-\\xff-key" in done.stdout.splitlines()[0]
+
+
+def test_console_script_escapes_what_the_terminal_cannot_print(
+    r: redis.Redis, redis_server: RedisServer
+) -> None:
+    r.set("ключ-42", _lock_value('{"host":"хост","pid":1}'), px=60_000)
+    latin1 = {**os.environ, "PYTHONIOENCODING": "latin-1"}  # a terminal without Cyrillic
+
+    def script(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SCRIPT), *argv, "--url", redis_server.url],
+            capture_output=True,
+            text=True,
+            encoding="latin-1",
+            env=latin1,
+            timeout=60,
+            check=False,
+        )
+
+    listed = script("ls")
+    assert listed.returncode == 0, listed.stderr
+    key = listed.stdout.splitlines()[1].split()[0]
+    assert key == "\\u043a\\u043b\\u044e\\u0447-42"
+    shown = script("show", key)  # the escaped form names the same key
+    assert shown.returncode == 0, shown.stderr
+    assert "Traceback" not in shown.stderr
+    assert "\\u0445\\u043e\\u0441\\u0442" in shown.stdout
 
 
 def test_console_script_release_confirmed_on_a_terminal(

@@ -126,10 +126,20 @@ def test_demo_runs_real_workers_and_cleans_up(tmp_path: Path) -> None:
     check_burst(out, "1. Celery:", "(state DUPLICATE)")
     check_burst(out, "2. RQ:", '(job.meta["tasklock"])')
     # dedupe_enqueue: ten concurrent submissions, one id; a later one is new work.
-    assert re.search(r"Celery +10 x \.delay\(7\) +-> 1 task id \w+, ran once \(fence 1\)", out)
-    assert re.search(r"RQ +10 x \.enqueue\(queue, 7\) +-> 1 job id \w+, ran once \(fence 1\)", out)
-    assert re.search(r"a new task \(\w+, fence 2\) and a new job \(\w+, fence 2\)", out), out
-    chains = re.search(r"Celery settle ([\d <]+?)    RQ settle ([\d <]+)$", out, re.MULTILINE)
+    celery = re.search(
+        r"Celery +10 x \.delay\(7\) +-> 1 task id \w+, ran once \(fence (\d+)\)", out
+    )
+    rq = re.search(
+        r"RQ +10 x \.enqueue\(queue, 7\) +-> 1 job id \w+, ran once \(fence (\d+)\)", out
+    )
+    again = re.search(r"a new task \(\w+, fence (\d+)\) and a new job \(\w+, fence (\d+)\)", out)
+    assert celery, out
+    assert rq, out
+    assert again, out
+    # The next hold of the same task name has a higher fence.
+    assert int(again.group(1)) > int(celery.group(1))
+    assert int(again.group(2)) > int(rq.group(1))
+    chains = re.search(r"Celery settle ([\d <]+?)\n +RQ +settle ([\d <]+)$", out, re.MULTILINE)
     assert chains, out
     celery_fences, rq_fences = increasing(chains.group(1)), increasing(chains.group(2))
     assert len(celery_fences) == len(re.findall(r"ran +settle", out.split("2. RQ:")[0]))

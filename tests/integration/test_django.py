@@ -145,6 +145,8 @@ def test_every_key_maps_to_its_option() -> None:
 # -- system checks -------------------------------------------------------------------------------
 
 REDLOCK = ["redis://n1:6379/0", "redis://n2:6379/0", "redis://n3:6379/0"]
+#: A database path that is not a number: redis-py would silently use database 0.
+NOT_A_DATABASE = "redis://cache.internal:6379/abc"
 
 
 @pytest.mark.parametrize(
@@ -157,6 +159,8 @@ REDLOCK = ["redis://n1:6379/0", "redis://n2:6379/0", "redis://n3:6379/0"]
         ({"TTL": 0}, ["tasklock.E002"], "TTL"),
         ({"TTL": -5}, ["tasklock.E002"], "TTL"),
         ({"PENDING_TTL": 0}, ["tasklock.E002"], "PENDING_TTL"),
+        ({"TTL": 0.0005}, ["tasklock.E002"], "TTL"),  # under the core's 1 ms: every call fails
+        ({"PENDING_TTL": 0.0005}, ["tasklock.E002"], "PENDING_TTL"),
         ({"WAIT_TIMEOUT": -1}, ["tasklock.E002"], "WAIT_TIMEOUT"),
         ({"ON_DUPLICATE": "ignore"}, ["tasklock.E003"], "ON_DUPLICATE"),
         ({"ON_WAIT_TIMEOUT": "wait"}, ["tasklock.E003"], "ON_WAIT_TIMEOUT"),
@@ -169,12 +173,15 @@ REDLOCK = ["redis://n1:6379/0", "redis://n2:6379/0", "redis://n3:6379/0"]
         ({"URLS": "redis://n1:6379/0"}, ["tasklock.E006"], "URLS"),
         ({"URLS": [REDLOCK[0], REDLOCK[0], REDLOCK[1]]}, ["tasklock.E006"], "URLS"),
         ({"URLS": REDLOCK[:2]}, ["tasklock.E006"], "URLS"),
+        ({"URL": NOT_A_DATABASE}, ["tasklock.E006"], "/abc"),
+        ({"URLS": [REDLOCK[0], NOT_A_DATABASE, REDLOCK[2]]}, ["tasklock.E006"], "/abc"),
         ({"URL": REDLOCK[0], "URLS": REDLOCK}, ["tasklock.E007"], "URL"),
         ({"KEY": ["account_id"]}, ["tasklock.E008"], "KEY"),
         ({"FENCING": True}, ["tasklock.E008"], "FENCING"),
         (["URL", "redis://a:6379/0"], ["tasklock.E009"], "TASKLOCK"),
         ("redis://a:6379/0", ["tasklock.E009"], "TASKLOCK"),
         ({"TTL": 0.5}, ["tasklock.W001"], "TTL"),
+        ({"TTL": 0.001}, ["tasklock.W001"], "TTL"),  # the floor itself works, and is risky
         ({"ON_BACKEND_ERROR": "run"}, ["tasklock.W002"], "ON_BACKEND_ERROR"),
         ({"WATCHDOG": False}, ["tasklock.W003"], "WATCHDOG"),
     ],
@@ -254,6 +261,31 @@ def test_manage_py_check_passes_with_warnings_that_can_be_silenced() -> None:
         call_command("check", stdout=out, stderr=err)
     assert "tasklock.W002" not in out.getvalue() + err.getvalue()
     assert "1 silenced" in out.getvalue() + err.getvalue()
+
+
+def test_a_celery_tasklock_url_that_names_no_database_number_is_refused() -> None:
+    from celery import Celery
+
+    app = Celery("abc", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    refused = r"^Celery app\.conf: url=.*database '/abc'"
+    with (
+        override_settings(CELERY_TASKLOCK_URL=NOT_A_DATABASE),
+        pytest.raises(ConfigurationError, match=refused),
+    ):
+        config.resolve_options({}, app.conf)
+
+
+# -- no Redis anywhere: the error names every place a URL can be set, TASKLOCK["URL"] too ------
+
+
+def test_no_redis_configured_names_the_tasklock_setting() -> None:
+    guard = Guard(settle, "shop.nowhere", {})
+    with pytest.raises(ConfigurationError, match="no Redis configured") as failure:
+        run_guarded(guard, (1,), lambda extra: pytest.fail("ran without a lock"))
+    message = str(failure.value)
+    for place in ("url=", "TASKLOCK['URL']", "CELERY_TASKLOCK_URL", "TASKLOCK_URL environment"):
+        assert place in message
 
 
 # -- first use, outside the checks (celery worker, rq worker) ------------------------------------
@@ -473,3 +505,20 @@ def test_django_rq_job_takes_every_option_from_tasklock(
     assert again.return_value()["item_id"] == 1
     assert queue.connection.lrange("shop:reserved", 0, -1) == [b"2", b"1"]
     assert redis_server.client(db=0).keys("shop:*:lock:*") == []  # TASKLOCK's URL, not RQ's
+
+
+def test_an_amqp_broker_and_no_url_names_the_tasklock_setting_under_django() -> None:
+    from celery import Celery
+
+    from tasklock.celery import singleton_task
+
+    # Never connected to: the scheme alone says it is no Redis.
+    app = Celery("amqp", broker="amqp://guest:secret@127.0.0.1:5672//", set_as_current=False)
+
+    @singleton_task(app=app, shared=False)
+    def refund(account_id: int) -> int:
+        return account_id
+
+    with pytest.raises(ConfigurationError, match="amqp://") as failure:
+        refund(1)
+    assert "TASKLOCK['URL']" in str(failure.value)

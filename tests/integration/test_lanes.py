@@ -9,9 +9,14 @@ reconnects.
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 import tasklock
@@ -22,6 +27,7 @@ from tests.support.polling import eventually
 from tests.support.servers import RedisServer
 
 NAME = "tasklock-lane-test"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def named_connections(admin: redis.Redis) -> int:
@@ -90,8 +96,9 @@ def test_each_thread_has_its_own_connection_closed_with_the_thread(
     try:
         ready.wait(20)
         assert len({connection for connection, _ in seen.values()}) == threads
-        first = WARM_UP_CALLS + 1  # the warm-up cycles took the first fences
-        assert all(fences == list(range(first, first + 50)) for _, fences in seen.values())
+        # One fence per acquisition, strictly increasing
+        assert all(fences == sorted(set(fences)) for _, fences in seen.values())
+        assert all(len(fences) == 50 for _, fences in seen.values())
         pooled = client.connection_pool._created_connections  # by the warm-up calls
         assert named_connections(r) == threads + pooled, "one connection per thread"
     finally:
@@ -151,3 +158,100 @@ def test_a_broken_connection_costs_one_ordinary_call(
     assert after is before, "the lane keeps its connection object and reconnects it"
     assert after._sock is not None, "the next call went through the lane again"
     client.close()
+
+
+# -- gevent and eventlet -------------------------------------------------------------------------
+
+# Run by a fresh interpreter (monkey-patching cannot be undone): rounds of greenlets, each taking
+# more script calls than a thread's warm-up, on one client; prints what the server saw as JSON.
+GREEN_PROCESS = """
+import json, sys
+library, port, name, early = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "early"
+report = {}
+if early:  # a lane made (not used) before the patching, as by a module imported too soon
+    import redis
+    from tasklock.core.lanes import lane_for
+    client = redis.Redis(port=port, client_name=name)
+    report["lane_before_patching"] = lane_for(client) is not None
+if library == "gevent":
+    from gevent import monkey
+    monkey.patch_all()
+    import gevent
+    def run_all(bodies):
+        gevent.joinall([gevent.spawn(body) for body in bodies], raise_error=True)
+else:
+    import eventlet
+    eventlet.monkey_patch()
+    def run_all(bodies):
+        pool = eventlet.GreenPool(len(bodies))
+        for thread in [pool.spawn(body) for body in bodies]:
+            thread.wait()
+import redis
+import tasklock
+from tasklock.core.lanes import WARM_UP_CALLS, green_threads, lane_for
+if not early:
+    client = redis.Redis(port=port, client_name=name)
+admin = redis.Redis(port=port)
+def connections():
+    return sum(1 for c in admin.client_list() if c.get("name") == name)
+def opened():
+    return int(admin.info("stats")["total_connections_received"])
+def body(round_, index):
+    def run():
+        for step in range(WARM_UP_CALLS):  # two calls each: acquire and release
+            with tasklock.Lock(client, f"green:{round_}:{index}:{step}", timeout=10):
+                pass
+    return run
+report["green_threads"] = green_threads()
+report["lane"] = lane_for(client) is not None
+report["live"], report["opened"] = [], []
+for round_ in range(int(sys.argv[5])):
+    run_all([body(round_, index) for index in range(int(sys.argv[6]))])
+    report["live"].append(connections())
+    report["opened"].append(opened())
+print(json.dumps(report))
+"""
+
+
+def run_green(
+    library: str, redis_server: RedisServer, *, early: bool = False, rounds: int, greenlets: int
+) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", GREEN_PROCESS, library, str(redis_server.port), NAME,
+         "early" if early else "late", str(rounds), str(greenlets)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("library", ["gevent", "eventlet"])
+def test_greenlets_share_the_pool_instead_of_a_connection_each(
+    r: redis.Redis, redis_server: RedisServer, library: str
+) -> None:
+    """Under monkey-patching a "thread" is a greenlet, one per task in Celery's gevent and
+    eventlet pools: a lane each would be a new connection per task, closed only by the garbage
+    collector. Without lanes the pool's connections are reused from round to round."""
+    greenlets, rounds = 25, 5
+    report = run_green(library, redis_server, rounds=rounds, greenlets=greenlets)
+    assert report["green_threads"] is True
+    assert report["lane"] is False
+    assert max(report["live"]) <= greenlets, f"at most one per greenlet at once: {report}"
+    # After the first round, the pool's connections are reused: a lane per greenlet would open
+    # `greenlets` more every round.
+    assert report["opened"][-1] - report["opened"][0] < greenlets, report
+
+
+@pytest.mark.timeout(120)
+def test_a_lane_made_before_the_patching_opens_no_connection_after_it(
+    r: redis.Redis, redis_server: RedisServer
+) -> None:
+    """Its thread-local is a real one: every greenlet of the thread would share one connection
+    and read each other's replies. The check before opening a connection keeps them on the pool."""
+    greenlets, rounds = 10, 2
+    report = run_green("gevent", redis_server, early=True, rounds=rounds, greenlets=greenlets)
+    assert report["lane_before_patching"] is True
+    assert report["lane"] is True, "the lane made before the patching stays cached"
+    assert max(report["live"]) <= greenlets, report
+    assert report["opened"][-1] - report["opened"][0] < greenlets, report

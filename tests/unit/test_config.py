@@ -64,6 +64,24 @@ def test_risky_but_legal_settings_are_warnings() -> None:
     validate_options({"on_backend_error": "run"})  # warnings do not raise
 
 
+@pytest.mark.parametrize("name", ["ttl", "pending_ttl"])
+@pytest.mark.parametrize("value", [0.0005, 0.000999, 1e-9])
+def test_a_ttl_under_a_millisecond_is_an_error_where_it_is_given(name: str, value: float) -> None:
+    # The lock core refuses it (Redis expires keys in whole milliseconds): a warning here let
+    # the task be decorated and then fail on every call.
+    with pytest.raises(ConfigurationError, match=f"{name} must be at least 0.001 seconds"):
+        validate_options({name: value}, "options of task t")
+    [problem] = check_options({name: value})
+    assert (problem.code, problem.warning) == ("E002", False)
+    assert "millisecond" in problem.hint
+
+
+def test_the_ttl_floor_is_the_cores_and_under_a_second_only_warns() -> None:
+    validate_options({"ttl": 0.001, "pending_ttl": 0.001})
+    assert [(p.code, p.warning) for p in check_options({"ttl": 0.001})] == [("W001", True)]
+    assert not check_options({"pending_ttl": 0.001})
+
+
 def test_every_default_is_valid() -> None:
     assert not [p for p in check_options(DEFAULTS) if not p.warning]
 

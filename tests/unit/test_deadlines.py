@@ -23,7 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tasklock.core.base import MAX_POLL_INTERVAL, Attempt, BaseLock
-from tasklock.core.lock import _judge_single
+from tasklock.core.renewal import judge_single
 from tasklock.core.scripts import EXTEND
 from tasklock.core.watchdog import GONE, UNREACHABLE, Outcome, Renewal, Watchdog
 from tasklock.errors import BackendUnavailable
@@ -229,7 +229,7 @@ def renew_once(watchdog: Watchdog, entry: Renewal, fake_clock: FakeClock) -> Non
 
 def test_watch_schedules_a_third_of_the_ttl(fake_clock: FakeClock) -> None:
     watchdog = Watchdog()
-    entry, _ = entry_for(_judge_single, ttl=3600)
+    entry, _ = entry_for(judge_single, ttl=3600)
     watchdog.watch(entry)
     assert entry.expires_at == fake_clock.now + 3600
     assert entry.due == fake_clock.now + 1200
@@ -255,7 +255,7 @@ def test_renewed_entry_is_valid_for_a_ttl_from_when_the_round_started(
 
 def test_unreachable_retries_soon_but_not_past_the_expiry(fake_clock: FakeClock) -> None:
     watchdog = Watchdog()
-    entry, reasons = entry_for(_judge_single, ttl=30)  # a real refused connection
+    entry, reasons = entry_for(judge_single, ttl=30)  # a real refused connection
     entry.expires_at = fake_clock.now + 20
     renew_once(watchdog, entry, fake_clock)
     assert reasons == []
@@ -268,7 +268,7 @@ def test_unreachable_retries_soon_but_not_past_the_expiry(fake_clock: FakeClock)
 
 def test_unreachable_until_the_ttl_ran_out_is_lost(fake_clock: FakeClock) -> None:
     watchdog = Watchdog()
-    entry, reasons = entry_for(_judge_single)  # a real refused connection
+    entry, reasons = entry_for(judge_single)  # a real refused connection
     entry.expires_at = fake_clock.now + 5
     watchdog._live.add(entry)
     renew_once(watchdog, entry, fake_clock)
@@ -349,8 +349,8 @@ def test_a_stalled_client_gets_one_round_trip_and_no_answer_in_time(
 ) -> None:
     watchdog = Watchdog()
     client = client_of(silent_server)
-    first, first_reasons = entry_for(_judge_single, ttl=30, client=client)
-    second, second_reasons = entry_for(_judge_single, ttl=30, client=client)
+    first, first_reasons = entry_for(judge_single, ttl=30, client=client)
+    second, second_reasons = entry_for(judge_single, ttl=30, client=client)
     for entry in (first, second):
         entry.expires_at = fake_clock.now + 25
         watchdog._live.add(entry)
@@ -366,7 +366,7 @@ def test_a_stalled_client_gets_one_round_trip_and_no_answer_in_time(
     _, _, overdue = watchdog._next_work()
     assert [flight.entry for flight in overdue] == [first]
     with watchdog._cond:
-        assert watchdog._conclude(overdue) == []
+        assert watchdog.conclude(overdue) == ([], False)
     assert first.flight is None
     assert first.due == fake_clock.now + 1.0
     # Still no answer when the TTL runs out: lost.
@@ -379,7 +379,7 @@ def test_a_stalled_client_gets_one_round_trip_and_no_answer_in_time(
 
 
 def test_single_instance_judge() -> None:
-    assert _judge_single([30_000], 0.001) is Outcome.RENEWED
-    assert _judge_single([0], 0.001) is Outcome.LOST
-    assert _judge_single([redis.ConnectionError("x")], 0.001) is Outcome.UNREACHABLE
-    assert _judge_single([redis.ResponseError("WRONGTYPE")], 0.001) is Outcome.UNREACHABLE
+    assert judge_single([30_000], 0.001) is Outcome.RENEWED
+    assert judge_single([0], 0.001) is Outcome.LOST
+    assert judge_single([redis.ConnectionError("x")], 0.001) is Outcome.UNREACHABLE
+    assert judge_single([redis.ResponseError("WRONGTYPE")], 0.001) is Outcome.UNREACHABLE

@@ -122,3 +122,16 @@ def test_forked_child_reports_its_own_pid() -> None:
     os.waitpid(pid, 0)
     assert json.loads(parent_token.split(" ", 1)[1])["pid"] == os.getpid()
     assert json.loads(child_token.split(" ", 1)[1])["pid"] == pid
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"token {}#\xc2\xb2",  # a superscript two: isdigit() but not int()
+        b"token {}#" + b"9" * 5000,  # int() refuses over 4,300 digits
+        b"token " + b"[" * 100_000 + b"#5",  # nested deeper than json recurses
+    ],
+)
+def test_a_corrupt_value_reads_without_raising(value: bytes) -> None:
+    holder = parse_value(value)
+    assert holder.token == "token"

@@ -16,26 +16,26 @@ from redis.exceptions import NoScriptError
 
 from tasklock.core.fanout import PENDING, NoReply, NotAwaited
 from tasklock.core.owner import new_token, parse_value
-from tasklock.core.redlock import (
+from tasklock.core.quorum import (
     DEFAULT_NODE_TIMEOUT,
-    Redlock,
     Tally,
     Validity,
-    _decided_by,
-    _flag,
-    _round1,
     attempt_value,
     check_node_count,
+    decided_by,
     default_node_timeout,
     drift_for,
     fault_tolerance,
+    flag,
     next_fence,
     quorum_for,
     quorum_ttl,
+    round1,
     seconds_until_free,
     tally,
     validity_left,
 )
+from tasklock.core.redlock import Redlock
 from tasklock.core.watchdog import Outcome
 from tasklock.errors import ConfigurationError
 from tests.support.servers import free_port
@@ -117,16 +117,16 @@ def test_seconds_until_free() -> None:
 
 
 def test_round_replies_are_classified() -> None:
-    assert _round1([1, 7]) == (True, 7)
-    assert _round1([0, 2500]) == (False, 2500)
-    verdict, reason = _round1(NoReply("no reply within 50 ms"))
+    assert round1([1, 7]) == (True, 7)
+    assert round1([0, 2500]) == (False, 2500)
+    verdict, reason = round1(NoReply("no reply within 50 ms"))
     assert verdict is None
     assert "NoReply: no reply within 50 ms" in reason
-    assert _round1([1])[0] is None  # malformed: no verdict, never a yes
-    assert _flag(1) == (True, 1)
-    assert _flag(0) == (False, 0)
-    assert _flag(True)[0] is None
-    assert _flag(NoScriptError("NOSCRIPT"))[0] is None
+    assert round1([1])[0] is None  # malformed: no verdict, never a yes
+    assert flag(1) == (True, 1)
+    assert flag(0) == (False, 0)
+    assert flag(True)[0] is None
+    assert flag(NoScriptError("NOSCRIPT"))[0] is None
 
 
 def test_tally_verdicts() -> None:
@@ -137,7 +137,7 @@ def test_tally_verdicts() -> None:
         NoReply("x"),
         [1, 6],
     ]
-    verdicts = tally(results, _round1)
+    verdicts = tally(results, round1)
     assert verdicts.yes == {0: 4, 4: 6}
     assert verdicts.no == {1: 900}
     assert set(verdicts.failed) == {2, 3}
@@ -148,20 +148,20 @@ def test_tally_verdicts() -> None:
     majority_silent = Tally(failed={0: "a", 1: "b", 2: "c"})
     assert majority_silent.unreachable(3)
     # Masters not waited for because the outcome was decided do not count as unreachable.
-    decided = tally([0, 0, 0, NotAwaited("x"), NotAwaited("y")], _flag)
+    decided = tally([0, 0, 0, NotAwaited("x"), NotAwaited("y")], flag)
     assert decided.refused(5, 3)
     assert not decided.unreachable(3)
     assert decided.unawaited == {3, 4}
 
 
 def test_tally_maps_positions_to_master_indexes() -> None:
-    verdicts = tally([1, 0], _flag, indexes=[2, 4])
+    verdicts = tally([1, 0], flag, indexes=[2, 4])
     assert verdicts.yes == {2: 1}
     assert verdicts.no == {4: 0}
 
 
 def test_fan_out_stops_waiting_once_decided() -> None:
-    decided = _decided_by(_flag, 3)
+    decided = decided_by(flag, 3)
     silent = NoReply("no reply")
     assert not decided([1, 1, PENDING, PENDING, PENDING])
     assert decided([1, 1, 1, PENDING, PENDING])  # quorum of yeses

@@ -7,10 +7,29 @@ waiters so that they do not retry in lock-step.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["Backoff"]
+__all__ = ["Backoff", "backoff_ceiling", "half_jitter"]
+
+
+def backoff_ceiling(initial: float, cap: float, attempt: int, growth: float = 2.0) -> float:
+    """``initial * growth ** attempt``, at most ``cap``: the longest wait of attempt ``attempt``
+    (0 first). Compared in logarithms: ``growth ** attempt`` overflows a float long before a
+    waiter on a lock held for hours stops counting."""
+    cap = max(cap, initial)
+    if attempt <= 0:
+        return initial
+    if attempt * math.log(growth) >= math.log(cap / initial):
+        return cap
+    return min(cap, initial * growth**attempt)
+
+
+def half_jitter(ceiling: float, rng: random.Random) -> float:
+    """A wait between half ``ceiling`` and ``ceiling``: waiters that started together come back
+    spread out, not in lock-step, and the half that is certain bounds how many waits it takes."""
+    return ceiling * (0.5 + 0.5 * rng.random())
 
 
 @dataclass
@@ -33,12 +52,9 @@ class Backoff:
 
     def next_delay(self, remaining: float | None = None, holder_ttl: float | None = None) -> float:
         """The next wait, never beyond ``remaining`` (the caller's deadline) and never negative."""
-        ceiling = min(self.cap, self.initial * (2**self._attempt))
-        if ceiling < self.cap:
-            # Stop counting once at the cap: 2**1024 does not fit a float, and a waiter on a lock
-            # held for hours reaches a thousand polls.
-            self._attempt += 1
-        delay = ceiling * (0.5 + 0.5 * self.rng.random())
+        ceiling = backoff_ceiling(self.initial, self.cap, self._attempt)
+        self._attempt += 1
+        delay = half_jitter(ceiling, self.rng)
         if holder_ttl is not None and holder_ttl >= 0:
             # Wake a hair after the holder's key would expire on its own.
             delay = min(delay, holder_ttl + 0.001 + 0.01 * self.rng.random())

@@ -45,26 +45,39 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import math
 import os
-import queue
-import select
-import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from tasklock.core import clock as _clock
 from tasklock.core.connection import describe_client
-from tasklock.core.scripts import Script
+from tasklock.core.ops import (
+    PENDING,
+    REAP_AFTER,
+    Awaited,
+    LateHook,
+    NoReply,
+    NotAwaited,
+    Op,
+    script_op,
+)
+from tasklock.core.reaper import reaper
+from tasklock.core.sockets import (
+    Poller,
+    Waker,
+    readable_now,
+    run_in_background,
+    socket_of,
+    stale_connections,
+    workers,
+)
 
 __all__ = [
     "PENDING",
@@ -86,171 +99,8 @@ log = logging.getLogger("tasklock.fanout")
 MAX_IDLE = 16
 #: Connects in flight at once to a server that answers; a failing one gets a single one.
 MAX_CONNECTING = 4
-#: Worker threads for connects, at most (they are created on demand and reused).
-MAX_WORKERS = 64
-#: Seconds the reaper waits for a straggler's replies before closing its connection.
-REAP_AFTER = 5.0
 #: Deferred releases kept per server, at most (the oldest are dropped: their keys expire).
 MAX_DEFERRED = 10_000
-
-
-class _Pending:
-    def __repr__(self) -> str:
-        return "PENDING"
-
-
-#: The result of a node that has not answered yet (only seen by ``decided`` callbacks).
-PENDING: Final = _Pending()
-
-
-class NoReply(RedisTimeoutError):
-    """A server did not answer (or could not be connected to) within the deadline."""
-
-
-class NotAwaited(NoReply):
-    """The outcome was decided before this server answered; its reply was not waited for."""
-
-
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One command for one server. ``script`` is set for EVALSHA, to reload it on NOSCRIPT."""
-
-    args: tuple[Any, ...]
-    script: Script | None = None
-
-    def self_contained(self) -> tuple[Any, ...]:
-        """The command as EVAL with the script's text: for follow-ups queued behind a command
-        that got no answer, whose NOSCRIPT error nobody would be there to see and retry."""
-        if self.script is None:
-            return self.args
-        return ("EVAL", self.script.source, *self.args[2:])
-
-
-def script_op(script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Op:
-    """An EVALSHA of ``script``; a server that answers NOSCRIPT gets SCRIPT LOAD and a retry."""
-    return Op(("EVALSHA", script.sha, len(keys), *keys, *args), script)
-
-
-# -- small helpers over redis-py connections ------------------------------------------------------
-def _socket_of(conn: Any) -> socket.socket | None:
-    sock = getattr(conn, "_sock", None)
-    if sock is None and hasattr(conn, "_conn"):  # redis-py's client-side-caching proxy
-        sock = getattr(conn._conn, "_sock", None)
-    return sock
-
-
-def _stale(conns: list[Any]) -> set[int]:
-    """Positions of idle connections whose socket is readable (dead): one ``select`` for all."""
-    socks = [_socket_of(conn) for conn in conns]
-    try:
-        ready, _, _ = select.select([s for s in socks if s is not None], [], [], 0)
-    except (OSError, ValueError):  # a closed socket, or beyond select's descriptor limit
-        return {i for i, s in enumerate(socks) if s is None or _readable_now(s)}
-    dead = set(ready)
-    return {i for i, s in enumerate(socks) if s is None or s in dead}
-
-
-def _readable_now(sock: socket.socket) -> bool:
-    """True if ``sock`` has data or EOF waiting: for an idle connection that means it is dead."""
-    try:
-        ready, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(ready)
-
-
-class _Poller:
-    """``poll()`` where available (no descriptor limit), ``select()`` elsewhere."""
-
-    def __init__(self) -> None:
-        self._poll = select.poll() if hasattr(select, "poll") else None
-        self._fds: set[int] = set()
-
-    def register(self, fd: int) -> None:
-        self._fds.add(fd)
-        if self._poll is not None:
-            self._poll.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
-
-    def unregister(self, fd: int) -> None:
-        if fd in self._fds:
-            self._fds.discard(fd)
-            if self._poll is not None:
-                self._poll.unregister(fd)
-
-    def __bool__(self) -> bool:
-        return bool(self._fds)
-
-    def poll(self, timeout: float | None) -> list[int]:
-        if self._poll is not None:
-            ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
-            return [fd for fd, _ in self._poll.poll(ms)]
-        ready, _, _ = select.select(list(self._fds), [], [], timeout)
-        return list(ready)
-
-
-class _Waker:
-    """A socket pair that a worker thread writes to, to wake a caller waiting in ``poll()``."""
-
-    def __init__(self) -> None:
-        self._r, self._w = socket.socketpair()
-        self._r.setblocking(False)
-        self._w.setblocking(False)
-        self.fd = self._r.fileno()
-
-    def wake(self, *_: object) -> None:
-        with contextlib.suppress(OSError):  # full (already woken) or closed (caller left)
-            self._w.send(b"x")
-
-    def drain(self) -> None:
-        with contextlib.suppress(OSError):
-            while self._r.recv(512):
-                pass
-
-    def close(self) -> None:
-        self._r.close()
-        self._w.close()
-
-
-# -- worker threads for blocking connects -------------------------------------------------------
-class _Workers:
-    """Daemon threads, created on demand and reused, that run blocking connects.
-
-    Daemon threads, not a ThreadPoolExecutor: a connect stuck on a paused server (a client without
-    socket timeouts waits forever) must never hold up interpreter exit.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0
-        self._queued = 0
-
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        future: Future[Any] = Future()
-        with self._lock:
-            self._queued += 1
-            self._queue.put((future, fn))
-            if self._queued > self._idle and self._threads < self._limit:
-                self._threads += 1
-                threading.Thread(target=self._run, name="tasklock-connect", daemon=True).start()
-        return future
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            future, fn = self._queue.get()
-            with self._lock:
-                self._idle -= 1
-                self._queued -= 1
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
 
 
 # -- one server ---------------------------------------------------------------------------------
@@ -273,7 +123,7 @@ class Node:
         self.failing_since: float | None = None
         self._deferred: list[Op] = []
         self._draining = False
-        self._listeners: set[_Waker] = set()  # calls waiting for a connection to this server
+        self._listeners: set[Waker] = set()  # calls waiting for a connection to this server
         self._views: dict[float, TimedNode] = {}
         _every_node.add(self)
 
@@ -305,8 +155,8 @@ class Node:
                 if not self._idle:
                     return None
                 conn = self._idle.pop()
-            sock = _socket_of(conn)
-            if sock is not None and not (checked and _readable_now(sock)):
+            sock = socket_of(conn)
+            if sock is not None and not (checked and readable_now(sock)):
                 return conn
             self.discard(conn)
 
@@ -325,7 +175,7 @@ class Node:
             if self._draining or not self._deferred:
                 return
             self._draining = True
-        _workers().submit(self._drain)
+        workers().submit(self._drain)
 
     def _drain(self) -> None:
         """Send the deferred commands on a connection of its own (never one a caller waits
@@ -364,7 +214,7 @@ class Node:
 
     def put(self, conn: Any) -> None:
         """Return a connection with no reply outstanding (waking calls that wait for one)."""
-        if _socket_of(conn) is not None:
+        if socket_of(conn) is not None:
             with self._lock:
                 if len(self._idle) < MAX_IDLE:
                     self._idle.append(conn)
@@ -376,12 +226,12 @@ class Node:
                 return
         self.discard(conn)
 
-    def listen(self, waker: _Waker) -> None:
+    def listen(self, waker: Waker) -> None:
         """Wake ``waker`` whenever a connection to this server becomes idle."""
         with self._lock:
             self._listeners.add(waker)
 
-    def unlisten(self, waker: _Waker) -> None:
+    def unlisten(self, waker: Waker) -> None:
         with self._lock:
             self._listeners.discard(waker)
 
@@ -398,7 +248,7 @@ class Node:
             limit = 1 if self.failing_since is not None else MAX_CONNECTING
             if len(self._connects) >= limit:
                 return self._connects[0]
-            future = _workers().submit(self._connect)
+            future = workers().submit(self._connect)
             self._connects.append(future)
             return future
 
@@ -483,12 +333,6 @@ class _Batch:
 
 
 # -- one call -----------------------------------------------------------------------------------
-LateHook = Callable[[Any], Op | None]
-#: A reply the reaper still has to read: the op it answers (None: a SCRIPT LOAD or a follow-up,
-#: which cannot answer NOSCRIPT) and the hook to call with it.
-Awaited = tuple[Op | None, LateHook | None]
-
-
 class _Slot:
     """One server's part of a call: its ops, its connection, the replies still to read."""
 
@@ -536,7 +380,7 @@ class _Slot:
         commands = [op.args for op in self.ops]
         self._send(commands, range(len(self.ops)), packed)
         if self.conn is not None:
-            sock = _socket_of(conn)
+            sock = socket_of(conn)
             if sock is None:
                 self.fail(NoReply(f"{self.node.label}: connection closed"))
             else:
@@ -628,9 +472,9 @@ class _Call:
         self.slots = slots
         self.timeout = timeout
         self.decided = decided
-        self._poller = _Poller()
+        self._poller = Poller()
         self._by_fd: dict[int, _Slot] = {}
-        self._waker: _Waker | None = None
+        self._waker: Waker | None = None
         self._packed: dict[tuple[Any, ...], Any] = {}
 
     def _pack(self, slot: _Slot, conn: Any) -> Any:
@@ -666,7 +510,7 @@ class _Call:
         """Wait for a connection to the slot's server: a new one (a connect is started) or one
         that another call or the reaper hands back, whichever comes first."""
         if self._waker is None:
-            self._waker = _Waker()
+            self._waker = Waker()
             self._poller.register(self._waker.fd)
         slot.node.listen(self._waker)
         future = slot.node.connecting()
@@ -707,7 +551,7 @@ class _Call:
         taken = [slot.node.take(checked=False) for slot in self.slots]
         idle = [conn for conn in taken if conn is not None]
         if idle:
-            stale = _stale(idle)
+            stale = stale_connections(idle)
             if stale:
                 dead = {id(idle[i]) for i in stale}
                 for i, conn in enumerate(taken):
@@ -789,7 +633,7 @@ class _Call:
                     slot.node.discard(conn)
                     continue
                 awaited.append((None, None))
-            _reaper().adopt(slot.node, conn, awaited)
+            reaper().adopt(slot.node, conn, awaited)
             slot.sinks.clear()
 
 
@@ -845,138 +689,10 @@ def fan_out(
     return Round(call)
 
 
-# -- the reaper ---------------------------------------------------------------------------------
-@dataclass(eq=False)
-class _Straggler:
-    node: Node
-    conn: Any
-    awaited: collections.deque[Awaited]
-    give_up_at: float
-    fd: int = -1
-
-
-class _Reaper:
-    """One daemon thread that waits for the replies callers did not wait for.
-
-    A reply of NOSCRIPT (a server that had not loaded the script yet: new or restarted) means
-    the command did not run; the reaper runs it again as EVAL with the script's text, so a
-    release or extend that nobody waited for is not silently dropped.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._incoming: list[_Straggler] = []
-        self._waker = _Waker()
-        self._thread = threading.Thread(target=self._run, name="tasklock-reaper", daemon=True)
-        self._thread.start()
-
-    def adopt(self, node: Node, conn: Any, awaited: collections.deque[Awaited]) -> None:
-        sock = _socket_of(conn)
-        if sock is None:
-            node.discard(conn)
-            return
-        straggler = _Straggler(node, conn, awaited, _clock.clock.monotonic() + REAP_AFTER)
-        straggler.fd = sock.fileno()
-        with self._lock:
-            self._incoming.append(straggler)
-        self._waker.wake()
-
-    def _run(self) -> None:
-        poller = _Poller()
-        poller.register(self._waker.fd)
-        active: dict[int, _Straggler] = {}
-        while True:
-            try:
-                now = _clock.clock.monotonic()
-                timeout = min((s.give_up_at for s in active.values()), default=now + 60) - now
-                for fd in poller.poll(max(0.0, timeout)):
-                    if fd == self._waker.fd:
-                        self._waker.drain()
-                        with self._lock:
-                            incoming, self._incoming = self._incoming, []
-                        for item in incoming:
-                            active[item.fd] = item
-                            poller.register(item.fd)
-                        continue
-                    found = active.get(fd)
-                    if found is not None and self._read(found):
-                        del active[fd]
-                        poller.unregister(fd)
-                now = _clock.clock.monotonic()
-                for fd, straggler in list(active.items()):
-                    if now >= straggler.give_up_at:
-                        del active[fd]
-                        poller.unregister(fd)
-                        self._give_up(straggler)
-            except Exception:  # never let the thread die
-                log.exception("tasklock fan-out reaper failed; continuing")
-
-    def _read(self, straggler: _Straggler) -> bool:
-        """Read what has arrived; True when the straggler is finished with."""
-        conn = straggler.conn
-        while True:
-            try:
-                reply = conn.read_response()
-            except ResponseError as exc:
-                reply = exc
-            except Exception:
-                straggler.node.discard(conn)
-                return True
-            op, hook = straggler.awaited.popleft()
-            if isinstance(reply, NoScriptError) and op is not None and op.script is not None:
-                followup: Op | None = op  # it did not run: run it again, self-contained
-                after: Awaited = (None, hook)
-            else:
-                followup = self._call_hook(hook, reply) if hook is not None else None
-                after = (None, None)
-            if followup is not None:
-                try:
-                    conn.send_packed_command(
-                        conn.pack_command(*followup.self_contained()), check_health=False
-                    )
-                except Exception:
-                    straggler.node.discard(conn)
-                    return True
-                straggler.awaited.append(after)
-            if not straggler.awaited:
-                straggler.node.mark_ok()
-                straggler.node.put(conn)
-                return True
-            try:
-                if not conn.can_read(0):
-                    return False
-            except Exception:
-                continue
-
-    def _give_up(self, straggler: _Straggler) -> None:
-        conn = straggler.conn
-        for _, hook in straggler.awaited:
-            if hook is None:
-                continue
-            followup = self._call_hook(hook, NoReply(f"no reply within {REAP_AFTER:.0f} s"))
-            if followup is not None:
-                with contextlib.suppress(Exception):
-                    conn.send_packed_command(
-                        conn.pack_command(*followup.self_contained()), check_health=False
-                    )
-        straggler.node.mark_failed()
-        straggler.node.discard(conn)
-
-    @staticmethod
-    def _call_hook(hook: LateHook, reply: Any) -> Op | None:
-        try:
-            return hook(reply)
-        except Exception:
-            log.exception("late-reply hook failed")
-            return None
-
-
 # -- process-wide state (fork-safe) -------------------------------------------------------------
 _state_lock = threading.Lock()
 _nodes: weakref.WeakKeyDictionary[Any, Node] = weakref.WeakKeyDictionary()
 _every_node: weakref.WeakSet[Node] = weakref.WeakSet()
-_worker_pool: _Workers | None = None
-_the_reaper: _Reaper | None = None
 
 
 def node_for(client: Any) -> Node:
@@ -988,36 +704,11 @@ def node_for(client: Any) -> Node:
         return node
 
 
-def run_in_background(fn: Callable[[], Any]) -> Future[Any]:
-    """Run a blocking call (e.g. a subscribe) on the fan-out's daemon workers."""
-    return _workers().submit(fn)
-
-
-def _workers() -> _Workers:
-    global _worker_pool
-    if _worker_pool is None:
-        with _state_lock:
-            if _worker_pool is None:
-                _worker_pool = _Workers(MAX_WORKERS)
-    return _worker_pool
-
-
-def _reaper() -> _Reaper:
-    global _the_reaper
-    if _the_reaper is None:
-        with _state_lock:
-            if _the_reaper is None:
-                _the_reaper = _Reaper()
-    return _the_reaper
-
-
 def _reset_after_fork() -> None:
     # Dropped, not closed: the sockets belong to the parent, which keeps using them.
-    global _state_lock, _nodes, _worker_pool, _the_reaper
+    global _state_lock, _nodes
     _state_lock = threading.Lock()
     _nodes = weakref.WeakKeyDictionary()
-    _worker_pool = None
-    _the_reaper = None
     for node in list(_every_node):
         node._forget_after_fork()
 

@@ -14,9 +14,19 @@ the same hash tag as the name. On a single Redis (or Redlock masters) this does 
 
 from __future__ import annotations
 
-__all__ = ["fence_key_for", "hash_tag", "wake_channel"]
+__all__ = ["FENCE_COUNTER_TTL", "fence_counter_ttl_ms", "fence_key_for", "hash_tag", "wake_channel"]
 
 WAKE_PREFIX = "tasklock:wake:"
+
+#: Seconds a fence counter lives after the last acquisition of its lock (or locks).
+#:
+#: Fences stay strictly increasing without the counter: a fence is the server's clock in
+#: microseconds, or one more than the counter's last token where that is higher, so it is above
+#: every token issued before even when the counter expired, was evicted, or was lost in a restart
+#: or failover. So the counter can expire, and idle lock names (one per invoice, say) leave no key
+#: behind for longer than this. What the counter still does: while it lives, a server clock
+#: stepped back (or two holds in one microsecond) cannot make a token repeat.
+FENCE_COUNTER_TTL = 3600.0
 
 
 def hash_tag(name: str) -> str | None:
@@ -37,6 +47,12 @@ def fence_key_for(name: str) -> str:
         # (the tag would end at that brace); it is only a concern on Redis Cluster.
         return f"{name}:fence"
     return f"{{{name}}}:fence"
+
+
+def fence_counter_ttl_ms(lock_ttl: float) -> int:
+    """The fence counter's TTL in ms for a lock of ``lock_ttl`` seconds: FENCE_COUNTER_TTL, or
+    the lock's own TTL when that is longer (a counter outliving the hold it fenced)."""
+    return max(1, int(max(FENCE_COUNTER_TTL, lock_ttl) * 1000))
 
 
 def wake_channel(name: str) -> str:

@@ -1,9 +1,11 @@
 """The single-instance lock: one Redis, one round trip to acquire, fenced.
 
-Acquire runs one script that does the SET NX PX and, on success, INCRs the fence counter, so every
-hold gets a fencing token that is strictly larger than any earlier hold's, at the cost of no extra
-round trip. Release and extend are owner-checked scripts. While waiting, a blocked acquire is woken
-by the release's PUBLISH.
+Acquire runs one script that does the SET NX PX and, on success, issues the fence: the server's
+clock in microseconds, or one more than the counter's last token where that is higher, so every
+hold gets a fencing token strictly larger than any earlier hold's, even when Redis lost or rolled
+back the counter, at the cost of no extra round trip (see ``ACQUIRE`` in
+:mod:`tasklock.core.scripts`). Release and extend are owner-checked scripts. While waiting, a
+blocked acquire is woken by the release's PUBLISH.
 """
 
 from __future__ import annotations
@@ -12,21 +14,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tasklock.core.base import Attempt, BaseLock, Number, _Waiter
-from tasklock.core.connection import backend_errors
-from tasklock.core.keys import fence_key_for, wake_channel
+from tasklock.core.connection import backend_errors, describe_client
+from tasklock.core.keys import fence_counter_ttl_ms, wake_channel
+from tasklock.core.lease import fence_key_or_default
+from tasklock.core.renewal import judge_single
 from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE
-from tasklock.core.wakeup import hub_for
-from tasklock.core.watchdog import Outcome, Renewal
+from tasklock.core.wakeup import PUBLISH_REFUSED, hub_for, warn_wakeup_refused
+from tasklock.core.watchdog import Renewal
 from tasklock.errors import ConfigurationError
 
 __all__ = ["Lock"]
-
-
-def _judge_single(results: list[Any], elapsed: float) -> Outcome:
-    answer = results[0]
-    if isinstance(answer, BaseException):
-        return Outcome.UNREACHABLE
-    return Outcome.RENEWED if answer else Outcome.LOST
 
 
 class Lock(BaseLock):
@@ -79,10 +76,8 @@ class Lock(BaseLock):
             raise ConfigurationError(
                 f"redis must be a redis-py client (redis.Redis), got {type(redis).__name__}"
             )
-        if fence_key is not None and (not isinstance(fence_key, str) or not fence_key):
-            raise ConfigurationError(f"fence_key must be a non-empty string, got {fence_key!r}")
         self.redis = redis
-        self.fence_key = fence_key or fence_key_for(self.name)
+        self.fence_key = fence_key_or_default(fence_key, self.name)
         self._keys = (self.name, self.fence_key)
         self._ttl_ms = max(1, int(self.ttl * 1000))
         self._channel = wake_channel(self.name)
@@ -93,13 +88,15 @@ class Lock(BaseLock):
     def _bind(self, client: Any) -> None:
         # The hot path: acquire and release pre-encoded for this client (see BoundScript).
         self._bound_to = client
-        self._acquire_script = ACQUIRE.bind(client, self._keys, (self._ttl_ms,))
+        self._acquire_script = ACQUIRE.bind(
+            client, self._keys, (self._ttl_ms, fence_counter_ttl_ms(self.ttl))
+        )
         self._release_script = RELEASE.bind(client, (self.name,), (self._channel,))
 
     def _attempt(self, token: str) -> Attempt:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._acquiring):
+        with backend_errors(self.redis, self._acquiring, self._keys):
             ok, number = self._acquire_script(token)
         if ok:
             return Attempt(True, f"{token}#{number}".encode(), int(number))
@@ -108,8 +105,11 @@ class Lock(BaseLock):
     def _release_value(self, value: bytes) -> bool:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._releasing):
-            return bool(self._release_script(value))
+        with backend_errors(self.redis, self._releasing, self._keys[:1]):
+            released = self._release_script(value)
+        if released == PUBLISH_REFUSED:
+            warn_wakeup_refused(describe_client(self.redis), "PUBLISH")
+        return bool(released)
 
     def _extend_value(self, value: bytes, seconds: float, replace: bool) -> bool:
         ms = max(1, int(seconds * 1000))
@@ -118,7 +118,7 @@ class Lock(BaseLock):
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
         call = (self.redis, EXTEND, (self.name,), (value, self._ttl_ms, "1"))
-        return Renewal(self.name, self.ttl, [call], _judge_single, on_lost)
+        return Renewal(self.name, self.ttl, [call], judge_single, on_lost)
 
     def _waiter(self) -> _Waiter:
         return hub_for(self.redis).watch(self._channel)

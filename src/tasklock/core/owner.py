@@ -65,7 +65,9 @@ def parse_value(value: bytes | str) -> Holder:
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
     body, sep, fence_text = text.rpartition("#")
     fence: int | None = None
-    if sep and fence_text.isdigit():
+    # ASCII digits only, and no more than a 64-bit number has: "²" is a digit to isdigit() but
+    # not to int(), and int() refuses numbers over 4,300 digits. A corrupt value is no fence.
+    if sep and fence_text.isascii() and fence_text.isdigit() and len(fence_text) <= 20:
         fence = int(fence_text)
     else:
         body = text
@@ -74,7 +76,7 @@ def parse_value(value: bytes | str) -> Holder:
     if meta_text:
         try:
             loaded = json.loads(meta_text)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python recurses
             loaded = None
         if isinstance(loaded, dict):
             meta = loaded

@@ -24,6 +24,7 @@ from redis.exceptions import NoScriptError
 from tasklock.core.lanes import lane_for
 
 __all__ = [
+    "ACL_RULES",
     "ACQUIRE",
     "CLAIM",
     "DELETE_IF",
@@ -33,9 +34,21 @@ __all__ = [
     "REDLOCK_FENCE",
     "REDLOCK_RELEASE",
     "RELEASE",
+    "RQ_ATTACH_DEPENDENTS",
     "BoundScript",
     "Script",
 ]
+
+
+#: What an ACL user needs for tasklock: the commands its scripts and waiters run (every command a
+#: script calls is checked against the user's ACL too), on the lock keys and the wake channels.
+#: (+ping: redis-py health-checks idle connections; a URL naming a database other than 0 also
+#: needs +select.)
+ACL_RULES = (
+    "+evalsha +script|load +get +set +del +exists +pttl +pexpire +incr +time +publish +subscribe "
+    "+unsubscribe +ping ~tasklock:* ~<your lock names> ~{<your lock names>}:fence resetchannels "
+    "&tasklock:wake:*"
+)
 
 
 @dataclass(frozen=True)
@@ -178,12 +191,20 @@ def run_batch(
 
 
 # KEYS[1] lock key, KEYS[2] fence counter
-# ARGV[1] owner token, ARGV[2] TTL in ms
+# ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] the fence counter's TTL in ms
 # Returns {1, fence} when acquired (the value stored is "<token>#<fence>"), or {0, pttl} when the
 # lock is held (pttl of the holder's key, -1 if it has no TTL).
 # Idempotent per token: redis-py retries a call whose answer was lost (connection dropped after the
 # server ran it); the retry finds the lock already ours and returns its fence, instead of reporting
 # it held and orphaning our own lock until its TTL runs out.
+# Fences never go back, even when the counter is lost or rolled back (restart without
+# persistence, eviction, expiry, a failover to a replica that missed the last increments, an old
+# snapshot): a fence is the server's clock in microseconds, or one more than the counter's last
+# token when that is higher (the same microsecond, or a clock stepped back while the counter
+# lives). Every earlier token was at most the clock when it was issued, so it is below the next.
+# The counter expires after ARGV[3] ms without an acquisition, so idle names leave nothing
+# behind. Numbers are written with string.format('%d'): Lua prints 15+ digit numbers in exponent
+# form.
 ACQUIRE = Script(
     "acquire",
     """
@@ -196,15 +217,25 @@ if pttl ~= -2 then
   end
   return {0, pttl}
 end
-local fence = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. '#' .. fence, 'PX', ARGV[2])
+local now = redis.call('TIME')
+local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = tonumber(redis.call('GET', KEYS[2]))
+if last and last >= fence then
+  fence = last + 1
+end
+local text = string.format('%d', fence)
+redis.call('SET', KEYS[2], text, 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1] .. '#' .. text, 'PX', ARGV[2])
 return {1, fence}
 """,
 )
 
 # KEYS[1] lock key
 # ARGV[1] the value this owner stored, ARGV[2] channel to publish the release on
-# Returns 1 when released (and waiters were told), 0 when the value did not match (not owned).
+# Returns 1 when released (and waiters were told), 2 when released but the PUBLISH was refused (an
+# ACL user without +publish on the channel: waiters fall back to polling), 0 when the value did not
+# match (not owned). The PUBLISH is a pcall so that a refused wake-up can never fail a release that
+# has already deleted the key.
 # Also used by `tasklock release --force` with the value the operator was shown, so a lock that was
 # re-acquired in between is not broken by mistake.
 RELEASE = Script(
@@ -212,7 +243,9 @@ RELEASE = Script(
     """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], KEYS[1])
+  if type(redis.pcall('PUBLISH', ARGV[2], KEYS[1])) == 'table' then
+    return 2
+  end
   return 1
 end
 return 0
@@ -274,8 +307,9 @@ return 0
 
 # Redlock round 1, on every node.
 # KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] owner token, ARGV[2] TTL in ms
-# Returns {1, counter} when SET NX succeeded (counter: this node's fence counter, 0 if none yet),
-# {0, pttl} when the key is held.
+# Returns {1, counter} when SET NX succeeded, {0, pttl} when the key is held. The counter is the
+# higher of this node's fence counter and its clock in microseconds: above every token issued
+# before even where the counter was lost or rolled back, as for the single-instance ACQUIRE.
 REDLOCK_ACQUIRE = Script(
     "redlock_acquire",
     """
@@ -284,14 +318,21 @@ if pttl ~= -2 then
   return {0, pttl}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+local now = redis.call('TIME')
+local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local counter = tonumber(redis.call('GET', KEYS[2]))
+if counter and counter > clock then
+  return {1, counter}
+end
+return {1, clock}
 """,
 )
 
 # Redlock round 2, on the nodes acquired in round 1.
-# KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] owner token, ARGV[2] fence t (decimal string)
-# If this node still holds our token: counter = max(counter, t), and the stored value becomes
-# "<token>#<t>" keeping its TTL. Returns 1, or 0 when the token is no longer ours.
+# KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] owner token, ARGV[2] fence t (decimal string),
+# ARGV[3] the fence counter's TTL in ms
+# If this node still holds our token: counter = max(counter, t) (its TTL renewed), and the stored
+# value becomes "<token>#<t>" keeping its TTL. Returns 1, or 0 when the token is no longer ours.
 # The counter is written from ARGV[2], not from the Lua number: Lua prints large numbers in
 # exponent form ("1e+15"), which would no longer read back as an integer.
 REDLOCK_FENCE = Script(
@@ -303,7 +344,9 @@ end
 local t = tonumber(ARGV[2])
 local current = tonumber(redis.call('GET', KEYS[2]) or '0')
 if t > current then
-  redis.call('SET', KEYS[2], ARGV[2])
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl <= 0 then
@@ -317,14 +360,17 @@ return 1
 # Redlock release, on every node. A node may hold our value as round 1 stored it (round 2 never
 # reached it, or its round-1 answer came late) or as round 2 rewrote it, so both are accepted.
 # KEYS[1] lock key; ARGV[1] owner token, ARGV[2] "<owner token>#<fence>", ARGV[3] wake channel
-# Returns 1 when released (and waiters were told), 0 when the value was not ours.
+# Returns 1 when released (and waiters were told), 2 when released but the PUBLISH was refused
+# (see RELEASE), 0 when the value was not ours.
 REDLOCK_RELEASE = Script(
     "redlock_release",
     """
 local value = redis.call('GET', KEYS[1])
 if value == ARGV[1] or value == ARGV[2] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[3], KEYS[1])
+  if type(redis.pcall('PUBLISH', ARGV[3], KEYS[1])) == 'table' then
+    return 2
+  end
   return 1
 end
 return 0
@@ -352,5 +398,63 @@ if ARGV[4] == '0' then
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return ttl
+""",
+)
+
+
+# RQ (tasklock.rq): make each dependent of a duplicate depend on its twin as well, so that RQ
+# releases it only once both have ended. The dependent ends up exactly as RQ leaves a job enqueued
+# with depends_on=[duplicate, twin]: in both dependents sets, both ids in its dependencies set and
+# in its dependency_ids field (the ids RQ WATCHes while it decides). That is what makes every order
+# safe without a lock of our own: whichever of the two ends last finds the other ended and releases
+# the dependent (RQ's transaction retries when the other ends meanwhile), and a twin that has
+# already ended counts as RQ counts it (finished: met; failed: not met unless the dependent allows
+# failures). One script, so RQ never sees a dependent half attached.
+# KEYS[1] twin's job hash, KEYS[2] twin's dependents set, then for dependent i (1-based):
+#   KEYS[2i+1] its job hash, KEYS[2i+2] its dependencies set
+# ARGV[1] twin id, ARGV[2] RQ's "finished" status, ARGV[2+i] dependent i's id
+# Returns -1 when the twin is no job here (nothing attached), else how many were attached.
+RQ_ATTACH_DEPENDENTS = Script(
+    "rq_attach_dependents",
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return -1
+end
+local twin = ARGV[1]
+local attached = 0
+for i = 1, #ARGV - 2 do
+  local id, hash, deps = ARGV[2 + i], KEYS[2 * i + 1], KEYS[2 * i + 2]
+  if id ~= twin and redis.call('EXISTS', hash) == 1 then
+    redis.call('SADD', KEYS[2], id)
+    redis.call('SADD', deps, twin)
+    local encoded = redis.call('HGET', hash, 'dependency_ids')
+    local ids = {}
+    if encoded then
+      ids = cjson.decode(encoded)
+    else
+      local first = redis.call('HGET', hash, 'dependency_id')
+      if first then ids = {first} end
+    end
+    local known = false
+    for _, dependency in ipairs(ids) do
+      if dependency == twin then known = true end
+    end
+    if not known then
+      table.insert(ids, twin)
+      redis.call('HSET', hash, 'dependency_ids', cjson.encode(ids), 'dependency_id', ids[1])
+    end
+    attached = attached + 1
+  end
+end
+-- A finished twin has had its dependents handled already, and RQ gave its set the hash's expiry:
+-- a set made again here expires with the hash instead of staying for ever.
+if attached > 0 and redis.call('HGET', KEYS[1], 'status') == ARGV[2]
+    and redis.call('PTTL', KEYS[2]) == -1 then
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+  end
+end
+return attached
 """,
 )

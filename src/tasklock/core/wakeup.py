@@ -20,11 +20,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from tasklock.core.clock import clock
+from redis.exceptions import NoPermissionError
 
-__all__ = ["Subscription", "hub_for"]
+from tasklock.core.clock import clock
+from tasklock.core.connection import describe_client
+from tasklock.core.scripts import ACL_RULES
+
+__all__ = [
+    "LINGER",
+    "PUBLISH_REFUSED",
+    "SUBSCRIBE_CONFIRM_TIMEOUT",
+    "Channel",
+    "ChannelBook",
+    "Subscription",
+    "hub_for",
+    "listener_client",
+    "server_identity",
+    "warn_wakeup_refused",
+]
 
 log = logging.getLogger("tasklock.wakeup")
 
@@ -36,25 +52,127 @@ SUBSCRIBE_CONFIRM_TIMEOUT = 1.0
 LINGER = 1.0
 
 
-class _Channel:
+#: What the release scripts answer when the key was deleted but the PUBLISH was refused.
+PUBLISH_REFUSED = 2
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_wakeup_refused(where: str, what: str, error: object = None) -> None:
+    """Log once per server and refused command that wake-ups cannot work there.
+
+    A Redis ACL user without ``+publish`` / ``+subscribe`` on the wake channels
+    (``&tasklock:wake:*``) still takes and releases locks correctly: waiters just notice a
+    release by polling, up to their backoff (at most a second) later. That is worth one warning,
+    not an error on every call.
+    """
+    if (where, what) in _warned:
+        return
+    _warned.add((where, what))
+    detail = f" ({error})" if error else ""
+    log.warning(
+        "Redis at %s refused %s on tasklock's wake-up channels%s: locks still work, but waiters "
+        "notice releases by polling (up to a second later). Grant the user the command and the "
+        "channels: ACL SETUSER <user> %s",
+        where,
+        what,
+        detail,
+        ACL_RULES,
+    )
+
+
+class Channel:
+    """One subscribed wake channel: its waiters' events, and whether SUBSCRIBE was confirmed."""
+
     __slots__ = ("confirmed", "idle_since", "waiters")
 
-    def __init__(self) -> None:
-        self.confirmed = threading.Event()
-        self.waiters: set[threading.Event] = set()
+    def __init__(self, confirmed: Any) -> None:
+        self.confirmed = confirmed  # a threading.Event or an asyncio.Event
+        self.waiters: set[Any] = set()
         self.idle_since: float | None = None  # when the last waiter left
+
+
+class ChannelBook:
+    """A listener's channels and their waiters, with no I/O: one copy of the rules for the thread
+    listener here and the asyncio one (:mod:`tasklock.asyncio.wakeup`), which differ only in
+    their events and in how they wait and talk to Redis. Not thread-safe by itself."""
+
+    def __init__(self, new_event: Callable[[], Any]) -> None:
+        self._new_event = new_event
+        self.channels: dict[bytes, Channel] = {}
+        self._idle = 0  # channels with no waiter, lingering
+        self._swept = 0.0
+
+    def join(self, name: bytes, event: Any) -> tuple[Channel, bool]:
+        """Add a waiter; the channel, and True when it is new (the caller SUBSCRIBEs)."""
+        entry = self.channels.get(name)
+        new = entry is None
+        if entry is None:
+            entry = self.channels[name] = Channel(self._new_event())
+        if entry.idle_since is not None:
+            entry.idle_since = None
+            self._idle -= 1
+        entry.waiters.add(event)
+        return entry, new
+
+    def leave(self, name: bytes, event: Any) -> None:
+        """Remove a waiter; a channel left with none lingers (see :meth:`stale`)."""
+        entry = self.channels.get(name)
+        if entry is None:
+            return
+        entry.waiters.discard(event)
+        if not entry.waiters and entry.idle_since is None:
+            entry.idle_since = clock.monotonic()
+            self._idle += 1
+
+    def stale(self) -> list[bytes]:
+        """Forget the channels that have had no waiter for LINGER seconds (checked at most twice
+        per LINGER); the caller UNSUBSCRIBEs them, unless none is left (then it closes the
+        connection, which drops them all at once)."""
+        now = clock.monotonic()
+        if not self._idle or now - self._swept < LINGER / 2:
+            return []
+        self._swept = now
+        gone = [
+            name
+            for name, entry in self.channels.items()
+            if entry.idle_since is not None and now - entry.idle_since >= LINGER
+        ]
+        for name in gone:
+            del self.channels[name]
+            self._idle -= 1
+        return gone
+
+    def confirm_all(self) -> None:
+        """Stop waiting for confirmations (the connection failed: waiters poll meanwhile)."""
+        for entry in self.channels.values():
+            entry.confirmed.set()
+
+    def dispatch(self, message: dict[str, Any]) -> None:
+        """A pub/sub message: a SUBSCRIBE confirmed, or a release that wakes the waiters."""
+        kind = message.get("type")
+        channel = message.get("channel")
+        if isinstance(channel, str):
+            channel = channel.encode()
+        found = self.channels.get(channel) if channel is not None else None
+        if found is None:
+            return
+        if kind == "subscribe":
+            found.confirmed.set()
+        elif kind == "message":
+            for waiter in found.waiters:
+                waiter.set()
 
 
 class WakeupHub:
     """One pub/sub connection and listener thread for one Redis server in this process."""
 
     def __init__(self, client: Any) -> None:
-        self._pubsub = client.pubsub()
-        self._channels: dict[bytes, _Channel] = {}
+        self._where = describe_client(client)
+        self._pubsub = listener_client(client).pubsub()
+        self._book = ChannelBook(threading.Event)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._idle = 0  # channels with no waiter, lingering
-        self._swept = 0.0
 
     def watch(self, channel: str, event: threading.Event | None = None) -> Subscription:
         """Register a waiter on ``channel``; returns once the subscription is confirmed (or the
@@ -67,14 +185,7 @@ class WakeupHub:
         if event is None:
             event = threading.Event()
         with self._lock:
-            entry = self._channels.get(name)
-            new = entry is None
-            if entry is None:
-                entry = self._channels[name] = _Channel()
-            if entry.idle_since is not None:
-                entry.idle_since = None
-                self._idle -= 1
-            entry.waiters.add(event)
+            entry, new = self._book.join(name, event)
             if new:
                 try:
                     self._pubsub.subscribe(name)
@@ -86,31 +197,13 @@ class WakeupHub:
 
     def _forget(self, name: bytes, event: threading.Event) -> None:
         with self._lock:
-            entry = self._channels.get(name)
-            if entry is None:
-                return
-            entry.waiters.discard(event)
-            if not entry.waiters and entry.idle_since is None:
-                entry.idle_since = clock.monotonic()  # unsubscribed later, by _sweep
-                self._idle += 1
+            self._book.leave(name, event)
 
     def _sweep(self) -> None:
         """Unsubscribe channels that have had no waiter for LINGER seconds (listener thread)."""
-        now = clock.monotonic()
-        if not self._idle or now - self._swept < LINGER / 2:
-            return
-        self._swept = now
         with self._lock:
-            stale = [
-                name
-                for name, entry in self._channels.items()
-                if entry.idle_since is not None and now - entry.idle_since >= LINGER
-            ]
-            for name in stale:
-                del self._channels[name]
-                self._idle -= 1
-            # With none left the listener closes the connection, which drops them all at once.
-            if stale and self._channels:
+            stale = self._book.stale()
+            if stale and self._book.channels:
                 try:
                     self._pubsub.unsubscribe(*stale)
                 except Exception as exc:
@@ -129,14 +222,18 @@ class WakeupHub:
                 message = self._pubsub.get_message(timeout=1.0)
             except Exception as exc:
                 # Connection trouble: waiters keep polling; redis-py resubscribes on reconnect.
-                log.debug("wake-up listener error: %s", exc)
+                # A refused SUBSCRIBE (ACL) is answered here too, and means polling for good.
+                if isinstance(exc, NoPermissionError):
+                    warn_wakeup_refused(self._where, "SUBSCRIBE", exc)
+                else:
+                    log.debug("wake-up listener error: %s", exc)
                 with self._lock:
-                    for entry in self._channels.values():
-                        entry.confirmed.set()
+                    self._book.confirm_all()
                 threading.Event().wait(0.2)
             else:
                 if message:
-                    self._dispatch(message)
+                    with self._lock:
+                        self._book.dispatch(message)
             self._sweep()
             if self._stop_if_unused():
                 return
@@ -145,29 +242,14 @@ class WakeupHub:
         """With no channel left, close the connection and let the thread end (under the lock, so
         a waiter arriving now either finds the channel still here or starts a new thread)."""
         with self._lock:
-            if self._channels:
+            if self._book.channels:
                 return False
-            self._thread = None
             try:
                 self._pubsub.reset()  # a later subscribe on it connects again
             except Exception as exc:
                 log.debug("wake-up listener close failed: %s", exc)
+            self._thread = None  # last: "no thread" means "closed", too
             return True
-
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        channel = message.get("channel")
-        if isinstance(channel, str):
-            channel = channel.encode()
-        with self._lock:
-            found = self._channels.get(channel) if channel is not None else None
-            if found is None:
-                return
-            if kind == "subscribe":
-                found.confirmed.set()
-            elif kind == "message":
-                for waiter in found.waiters:
-                    waiter.set()
 
 
 class Subscription:
@@ -191,18 +273,77 @@ class Subscription:
         self._hub._forget(self._name, self._event)
 
 
+def listener_client(client: Any) -> Any:
+    """A client for the listener on a connection pool of its own, with ``client``'s settings.
+
+    The listener holds its connection for as long as anyone waits, and the first waiter's client
+    may be closed meanwhile: ``Redis.close()`` disconnects every connection of its pool, in use
+    or not. With the pool shared, that closed the listener's socket under its thread; over TLS
+    the listener's SSL object went on reading the closed descriptor's number, which the next
+    new connection had been given, and that connection's handshake failed ("wrong version
+    number"). A pool of its own keeps the listener out of its users' way. A cluster client keeps
+    its own: ClusterPubSub picks a node's connection as it goes (one hub per cluster client).
+    """
+    pool = getattr(client, "connection_pool", None)
+    if getattr(client, "nodes_manager", None) is not None or pool is None:
+        return client
+    settings = dict(pool.connection_kwargs)
+    settings.pop("connection_pool", None)  # a Sentinel pool's reference to itself
+    settings["connection_class"] = pool.connection_class
+    try:
+        service = getattr(pool, "service_name", None)
+        if service is not None:  # Sentinel-managed: follows the master, as the client does
+            own = type(pool)(
+                service,
+                pool.sentinel_manager,
+                is_master=pool.is_master,
+                check_connection=pool.check_connection,
+                **settings,
+            )
+        else:
+            own = type(pool)(**settings)
+        return type(client)(connection_pool=own)
+    except Exception as exc:  # an unusual pool or client class: share the client's pool
+        log.debug("wake-up listener shares %s's connection pool: %s", describe_client(client), exc)
+        return client
+
+
 _hubs: dict[tuple[Any, ...], WakeupHub] = {}
 _hubs_lock = threading.Lock()
 
 
-def _server_identity(client: Any) -> tuple[Any, ...]:
+def server_identity(client: Any) -> tuple[Any, ...]:
     # Pub/sub is server-wide (not per database), so one hub serves every client of a server.
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
-    return (kwargs.get("path"), kwargs.get("host"), kwargs.get("port"), kwargs.get("username"))
+    if getattr(client, "nodes_manager", None) is not None:
+        # Redis Cluster: a PUBLISH (also one in a script) reaches every node, so the hub's
+        # ClusterPubSub may listen on any one. The cluster has no address of its own, and its
+        # node list changes as the client discovers it: one hub per cluster client object.
+        return ("cluster", id(client))
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {}) or {}
+    service = getattr(pool, "service_name", None)
+    if service is not None:
+        # Sentinel-managed (master_for): the pool has no host; it connects to whichever server
+        # the sentinels name as master now (after a failover too), and so does the hub.
+        sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", ())
+        where = sorted(
+            f"{s.connection_pool.connection_kwargs.get('host')}:"
+            f"{s.connection_pool.connection_kwargs.get('port')}"
+            for s in sentinels
+        )
+        return ("sentinel", service, *where, kwargs.get("username"))
+    # The connection class too: a plain and a TLS server are not one server, even on one port.
+    return (
+        kwargs.get("path"),
+        kwargs.get("host"),
+        kwargs.get("port"),
+        kwargs.get("username"),
+        getattr(pool, "connection_class", None),
+    )
 
 
 def hub_for(client: Any) -> WakeupHub:
-    key = _server_identity(client)
+    key = server_identity(client)
     with _hubs_lock:
         hub = _hubs.get(key)
         if hub is None:

@@ -117,12 +117,26 @@ def _stop_signals_handled_by(handler: Any) -> Iterator[None]:
             signal.signal(signum, old)
 
 
+def _quiet_swallowed_interrupts(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while the demo runs: an interrupt raised inside a ``__del__`` is
+    remembered in ``_interrupted`` and acted on, so Python's "Exception ignored in ..." traceback
+    for it is noise on the user's terminal; anything else is reported as usual."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP interrupt (and are remembered), so that cleanup runs."""
     _interrupted.clear()
-    with _stop_signals_handled_by(_interrupt):
-        yield
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _quiet_swallowed_interrupts
+    try:
+        with _stop_signals_handled_by(_interrupt):
+            yield
+    finally:
+        sys.unraisablehook = previous_hook
 
 
 def _interrupts_ignored() -> contextlib.AbstractContextManager[None]:
@@ -204,7 +218,7 @@ class Demo:
         self.say(
             "Checked: every submission ran or was skipped (none lost); no two runs of one call "
             "overlapped;\nevery fenced write was accepted; fence tokens only went up:\n"
-            f"   Celery settle {_chain(celery_fences)}    RQ settle {_chain(rq_fences)}"
+            f"   Celery settle {_chain(celery_fences)}\n   RQ     settle {_chain(rq_fences)}"
         )
         self.say(f"Done in {time.monotonic() - began:.1f} s.")
 
@@ -335,7 +349,7 @@ class Demo:
     ) -> None:
         for run in sorted(runs, key=lambda run: run["fence"]):
             self.say(
-                f"   ran      settle({run['item']})  fence {run['fence']:<2} "
+                f"   ran      settle({run['item']})  fence {run['fence']}  "
                 f"pid {run['pid']:<6} {run['start'] - t0:4.2f}-{run['end'] - t0:.2f} s  "
                 f"write {'accepted' if run['accepted'] else 'REJECTED'}"
             )

@@ -22,11 +22,13 @@ from tasklock.django.settings import inspect_setting
 __all__ = ["CHECK_IDS", "check_tasklock_setting", "to_message"]
 
 #: id -> what it means. E001-E008 and W001-W003 come from ``tasklock.config.check_options``
-#: (the same codes name the same mistakes in task options); E009 is Django's own.
+#: (the same codes name the same mistakes in task options); E009 is Django's own. A TTL the lock
+#: core would refuse (under 0.001 s) is E002, an error: as a warning it let every task fail at
+#: run time; W001 is left for a TTL that works but is shorter than a second.
 CHECK_IDS: dict[str, str] = {
     "tasklock.E001": "unknown TASKLOCK key (typo, or a lower-case key)",
     "tasklock.E002": "TTL, PENDING_TTL or WAIT_TIMEOUT is not a number of seconds in range "
-    "(TTL and PENDING_TTL > 0, WAIT_TIMEOUT >= 0)",
+    "(TTL and PENDING_TTL from 0.001 to a year, WAIT_TIMEOUT >= 0)",
     "tasklock.E003": "ON_DUPLICATE, ON_WAIT_TIMEOUT or ON_BACKEND_ERROR is not one of its policies",
     "tasklock.E004": "DEDUPE_ENQUEUE or WATCHDOG is not a bool, or KEY_PREFIX is not a non-empty "
     "string",
@@ -36,7 +38,8 @@ CHECK_IDS: dict[str, str] = {
     "tasklock.E007": "URL and URLS are both set",
     "tasklock.E008": "KEY or FENCING set project-wide (they belong on the task decorator)",
     "tasklock.E009": "TASKLOCK is not a dict",
-    "tasklock.W001": "TTL under 1 second",
+    "tasklock.W001": "TTL from 0.001 up to 1 second: legal, but easily lost to a pause "
+    "(under 0.001 s is E002)",
     "tasklock.W002": "ON_BACKEND_ERROR='run': tasks run unlocked while Redis is unreachable",
     "tasklock.W003": "WATCHDOG=False: a task running longer than TTL loses its lock",
 }

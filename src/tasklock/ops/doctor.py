@@ -11,7 +11,8 @@ What is checked, and why it matters for a lock:
 * eviction: under memory pressure ``allkeys-*`` policies evict any key and ``volatile-*`` policies
   evict keys that have a TTL, which every lock key has: an evicted lock is a second holder.
 * persistence: a node that restarts without AOF forgets its locks (a second holder while the first
-  still runs) and its fence counters (tokens go back, and a fenced store rejects the new holder).
+  still runs); fence tokens still go up (they follow the server's clock), which is what lets a
+  fenced store reject the first holder's late writes.
 * replication: a replica is read-only (lock writes fail); a master's replicas are updated
   asynchronously, so a failover can promote one that never saw a lock.
 * version: SET NX PX needs 2.6.12; tasklock is tested on 6.2 and later.
@@ -19,10 +20,15 @@ What is checked, and why it matters for a lock:
 * clocks (several nodes): Redlock allows ``ttl * 0.01 + 2 ms`` of clock drift; nodes whose clocks
   disagree by more are not kept in sync, and a correcting clock step moves their expiry times.
 * the same server listed twice: Redlock would count it as two votes.
+* permissions (ACL users): the doctor takes and releases a probe lock and subscribes to its wake
+  channel as the configured user (see :mod:`tasklock.ops.permissions`): no EVALSHA / SCRIPT LOAD
+  or no access to the key prefix fails (no lock can be taken); no PUBLISH / SUBSCRIBE on the wake
+  channels warns (waiters fall back to polling).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -30,14 +36,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.exceptions as redis_errors
 
 from tasklock.core.base import DEFAULT_TTL
 from tasklock.core.connection import backend_errors, client_for_url
-from tasklock.core.redlock import DEFAULT_DRIFT_EXTRA_MS, DEFAULT_DRIFT_FACTOR, drift_for
+from tasklock.core.quorum import DEFAULT_DRIFT_EXTRA_MS, DEFAULT_DRIFT_FACTOR, drift_for
+from tasklock.core.scripts import ACL_RULES
+from tasklock.core.urls import redacted as redact_url
 from tasklock.errors import BackendUnavailable
+from tasklock.ops.permissions import Permissions, probe_permissions
 
 __all__ = [
     "Check",
@@ -100,6 +108,7 @@ class NodeFacts:
     round_trips: list[float] = field(default_factory=list)
     clock_offset: float | None = None  # server TIME minus this host's clock, seconds
     clock_uncertainty: float | None = None  # half the round trip of that TIME call
+    permissions: Permissions | None = None
 
 
 @dataclass(frozen=True)
@@ -129,21 +138,6 @@ class Report:
             "warnings": len(self.warnings),
             "checks": [c.to_json() for c in self.checks],
         }
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password, for output that may end up in logs or tickets."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" if user else f":***@{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def drift_allowance(ttl: float = DEFAULT_TTL) -> float:
@@ -182,7 +176,15 @@ def probe(url: str) -> NodeFacts:
 
 
 def _probe_into(client: Any, facts: NodeFacts) -> None:
-    info = client.info()  # server, clients, memory, persistence, replication... in one call
+    # First, and whatever else the user may not read: can it lock at all?
+    facts.permissions = probe_permissions(
+        client, os.environ.get("TASKLOCK_KEY_PREFIX") or "tasklock"
+    )
+    try:
+        info = client.info()  # server, clients, memory, persistence, replication... in one call
+    except redis_errors.NoPermissionError as exc:  # an ACL user without INFO: judged as unknown
+        facts.config_error = str(exc)
+        info = {}
     facts.version = str(info.get("redis_version")) if "redis_version" in info else None
     facts.run_id = str(info.get("run_id")) if "run_id" in info else None
     facts.role = str(info.get("role")) if "role" in info else None
@@ -201,6 +203,13 @@ def _probe_into(client: Any, facts: NodeFacts) -> None:
             facts.maxmemory_policy = _config_get(client, "maxmemory-policy")
     except redis_errors.ResponseError as exc:  # CONFIG renamed or denied (managed Redis, ACLs)
         facts.config_error = str(exc)
+    try:
+        _measure_round_trips(client, facts)
+    except redis_errors.NoPermissionError as exc:  # PING / TIME refused: judged as unknown
+        facts.config_error = facts.config_error or str(exc)
+
+
+def _measure_round_trips(client: Any, facts: NodeFacts) -> None:
     for _ in range(PING_COUNT):
         start = time.perf_counter()
         client.ping()
@@ -256,9 +265,45 @@ def _node_checks(node: NodeFacts, redlock: bool) -> list[Check]:
     checks.append(_check_eviction(node))
     checks.append(_check_persistence(node, redlock))
     checks.append(_check_latency(node))
+    checks.extend(_check_permissions(node.permissions))
     if not redlock:
         checks.append(_check_single_clock(node))
     return [Check(c.name, c.status, c.message, c.fix, node.url) for c in checks]
+
+
+ACL_FIX = f"grant the user what tasklock runs: ACL SETUSER <user> {ACL_RULES}"
+
+
+def _check_permissions(found: Permissions | None) -> list[Check]:
+    if found is None:
+        return []
+    if found.scripts is not None:
+        return [
+            Check(
+                "permissions",
+                Status.FAIL,
+                f"the user cannot run tasklock's lock scripts on the key prefix: {found.scripts}",
+                ACL_FIX,
+            )
+        ]
+    refused = [text for text in (found.publish, found.subscribe) if text is not None]
+    if refused:
+        return [
+            Check(
+                "permissions",
+                Status.WARN,
+                "locks work, but waiters fall back to polling (up to a second late): "
+                + "; ".join(refused),
+                ACL_FIX,
+            )
+        ]
+    return [
+        Check(
+            "permissions",
+            Status.OK,
+            "the user can run the lock scripts, publish and subscribe to wake-ups",
+        )
+    ]
 
 
 def _version_tuple(text: str) -> tuple[int, ...] | None:
@@ -366,11 +411,7 @@ def _check_eviction(node: NodeFacts) -> Check:
 
 
 def _check_persistence(node: NodeFacts, redlock: bool) -> Check:
-    what = (
-        "its votes for held locks and its fence counters"
-        if redlock
-        else "every held lock and every fence counter"
-    )
+    what = "its votes for held locks" if redlock else "every held lock"
     if node.aof_enabled:
         if node.appendfsync in ("always", "everysec"):
             note = (
@@ -392,7 +433,8 @@ def _check_persistence(node: NodeFacts, redlock: bool) -> Check:
             "persistence",
             Status.WARN,
             f"AOF off, RDB snapshots only (save {rdb}): a restart goes back to the last "
-            f"snapshot and forgets {what} since then, so fence tokens can repeat",
+            f"snapshot and forgets {what} taken since then (a second holder while the first "
+            "runs; fence tokens still go up)",
             "CONFIG SET appendonly yes (appendfsync everysec or always), or delay restarts by one "
             "TTL",
         )
@@ -400,7 +442,8 @@ def _check_persistence(node: NodeFacts, redlock: bool) -> Check:
     return Check(
         "persistence",
         Status.WARN,
-        f"persistence off{unknown}: a restart forgets {what}; fence tokens start again from 1",
+        f"persistence off{unknown}: a restart forgets {what} (a second holder while the first "
+        "runs; fence tokens still go up)",
         "CONFIG SET appendonly yes (appendfsync everysec or always), or delay restarts by one "
         "TTL so every old hold has expired",
     )

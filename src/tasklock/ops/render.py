@@ -3,6 +3,11 @@
 Everything here is a pure function of already-read data and the current time, so output can be
 checked without a server and stays consistent between commands. ``--json`` output does not come
 from here: it is the ``to_json`` of the data classes, a stable interface for scripts.
+
+Whatever a server holds, each lock is one line of printable text: keys are shown as
+:func:`~tasklock.ops.inspect.key_text` writes them (the form ``show`` and ``release`` take back),
+and every other cell, which comes from the holder's metadata and so from anyone who can write to
+Redis, has its newlines and other characters that do not print escaped the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from tasklock.ops.doctor import Report, Status
-from tasklock.ops.inspect import LockInfo
+from tasklock.ops.inspect import LockInfo, key_text, printable
 
 __all__ = ["doctor_report", "duration", "holder_line", "lock_details", "lock_table"]
 
@@ -43,7 +48,15 @@ def _age(info: LockInfo, now: float) -> str:
 
 
 def _cell(value: object) -> str:
-    return _MISSING if value is None else str(value)
+    return _MISSING if value is None else printable(str(value))
+
+
+def _task(info: LockInfo) -> str | None:
+    """The task as the table shows it: ``name[id]``, or whichever of the two is known."""
+    task, name = info.task, info.task_name
+    if task is not None and name:
+        return f"{name}[{task}]"
+    return task if task is not None else name
 
 
 def lock_table(locks: Sequence[LockInfo], now: float | None = None) -> str:
@@ -52,15 +65,12 @@ def lock_table(locks: Sequence[LockInfo], now: float | None = None) -> str:
     header = ("KEY", "HOST", "PID", "TASK", "AGE", "TTL", "FENCE")
     rows = [header]
     for info in locks:
-        task = info.task
-        if task is not None and info.task_name:
-            task = f"{info.task_name}[{task}]"
         rows.append(
             (
-                info.key,
+                key_text(info.key),
                 _cell(info.host),
                 _cell(info.pid),
-                _cell(task),
+                _cell(_task(info)),
                 _age(info, now),
                 _ttl(info),
                 _cell(info.fence),
@@ -72,12 +82,13 @@ def lock_table(locks: Sequence[LockInfo], now: float | None = None) -> str:
 
 
 def holder_line(info: LockInfo) -> str:
-    """One line naming the holder, for confirmations and error messages."""
+    """One line naming the holder, for confirmations and error messages:
+    ``host web-1, pid 4242, task 3b7… (app.settle), fence 17, TTL 29.5s left``."""
     parts = [f"host {_cell(info.host)}", f"pid {_cell(info.pid)}"]
-    if info.task is not None:
-        parts.append(f"task {info.task}")
-    if info.task_name is not None:
-        parts.append(f"({info.task_name})")
+    if info.task is not None and info.task_name is not None:
+        parts.append(f"task {_cell(info.task)} ({_cell(info.task_name)})")
+    elif info.task is not None or info.task_name is not None:
+        parts.append(f"task {_cell(info.task if info.task is not None else info.task_name)}")
     parts.append(f"fence {_cell(info.fence)}")
     parts.append(f"TTL {_ttl(info)} left")
     return ", ".join(parts)
@@ -91,20 +102,25 @@ def lock_details(
 ) -> str:
     """The ``show`` text: value, holder, timing, fence and the fence counter(s)."""
     now = time.time() if now is None else now
-    rows: list[tuple[str, str]] = [("key", info.key), ("value", info.holder.value)]
+    rows: list[tuple[str, str]] = [("key", key_text(info.key))]
+    rows.append(("value", printable(info.holder.value)))
     rows.append(("host", _cell(info.host)))
     rows.append(("pid", _cell(info.pid)))
     if info.task is not None:
-        rows.append(("task id", info.task))
+        rows.append(("task id", _cell(info.task)))
     if info.task_name is not None:
-        rows.append(("task name", info.task_name))
+        rows.append(("task name", _cell(info.task_name)))
     extra = {k: v for k, v in info.meta.items() if k not in ("host", "pid", "task", "name", "at")}
     for name, value in extra.items():
-        rows.append((f"meta {name}", str(value)))
+        rows.append((f"meta {printable(name)}", _cell(value)))
     at = info.acquired_at
     if at is not None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(at))
         rows.append(("acquired", f"{stamp} ({duration(now - at)} ago, holder's clock)"))
+    elif "at" in info.meta:  # there, but no time a clock gives (1e300, "yesterday", NaN)
+        written = printable(repr(info.meta["at"]))
+        written = written if len(written) <= 40 else written[:39] + "…"
+        rows.append(("acquired", f"unknown (the holder's metadata has at={written})"))
     rows.append(("ttl", "no TTL (never expires!)" if info.ttl_ms is None else f"{_ttl(info)} left"))
     rows.append(("fence", _cell(info.fence)))
     for key, value in counters.items():
@@ -112,7 +128,7 @@ def lock_details(
         text = "not set" if value is None else str(value)
         if value is not None and info.fence is not None and value < info.fence:
             text += " (BEHIND the held fence: the counter was lost, tokens will repeat)"
-        rows.append((f"fence counter ({label})", f"{key} = {text}"))
+        rows.append((f"fence counter ({label})", f"{key_text(key)} = {text}"))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,27 @@ from celery.contrib.testing.worker import start_worker
 ROOT = Path(__file__).resolve().parents[3]
 WORKER_READY_DEADLINE = 60.0
 
-__all__ = ["WorkerProcess", "clear_tasklock_keys", "configure", "in_process_worker"]
+__all__ = [
+    "RABBITMQ",
+    "Gates",
+    "WorkerProcess",
+    "clear_tasklock_keys",
+    "configure",
+    "in_process_worker",
+    "rabbitmq_answers",
+]
+
+#: The machine's RabbitMQ, where there is one (tests that need it skip, saying so, otherwise).
+RABBITMQ = "amqp://guest:guest@localhost:5672//"
+
+
+def rabbitmq_answers() -> bool:
+    """Whether something accepts connections on RabbitMQ's port on this machine."""
+    try:
+        with socket.create_connection(("localhost", 5672), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def configure(app: Celery, url: str, **conf: Any) -> Celery:
@@ -110,3 +132,15 @@ class WorkerProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(30)
         self.process = None
+
+
+class Gates:
+    """Named events shared by the test and the task bodies running in the worker's threads."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> threading.Event:
+        with self._lock:
+            return self._events.setdefault(name, threading.Event())

@@ -266,7 +266,7 @@ def test_direct_call_takes_the_lock(app: Celery, rc: redis.Redis) -> None:
     first, held = direct(1)
     assert held
     assert first > 0
-    assert direct(x=1)[0] == first + 1
+    assert direct(x=1)[0] > first
     assert not rc.keys("*:lock:*")
 
 
@@ -340,7 +340,7 @@ def test_apply_runs_like_a_worker(app: Celery, rc: redis.Redis) -> None:
         return x
 
     first = eager.apply((1,)).get()
-    assert eager.apply((1,)).get() == first + 1
+    assert eager.apply((1,)).get() > first
     twin = hold_twin(eager, (1,))
     twin2 = hold_twin(eager_raise, (1,))
     try:
@@ -367,7 +367,7 @@ def test_always_eager_goes_through_the_lock(redis_server: RedisServer, rc: redis
         return fence_token
 
     first = eager.delay(1).get()
-    assert eager.delay(1).get() == first + 1
+    assert eager.delay(1).get() > first
     assert not rc.keys("tasklock:*:pending:*")  # cleared after each eager run
     twin = hold_twin(eager, (1,))
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,24 +25,17 @@ from tasklock import stats
 from tasklock.celery import DUPLICATE, singleton_task
 from tasklock.core.keys import wake_channel
 from tasklock.errors import BackendUnavailable, DuplicateTask, KeyEncodingError
-from tests.integration.celery.support import clear_tasklock_keys, configure, in_process_worker
+from tests.integration.celery.support import (
+    Gates,
+    clear_tasklock_keys,
+    configure,
+    in_process_worker,
+)
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer, free_port
 
 app = Celery("tl_worker_tests", set_as_current=False)
 DEAD_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-
-
-class Gates:
-    """Named events shared by the test and the task bodies running in the worker's threads."""
-
-    def __init__(self) -> None:
-        self._events: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()
-
-    def __getitem__(self, name: str) -> threading.Event:
-        with self._lock:
-            return self._events.setdefault(name, threading.Event())
 
 
 GATES = Gates()
@@ -427,7 +419,7 @@ def test_unencodable_arguments_are_named(rc: redis.Redis) -> None:
     with pytest.raises(KeyEncodingError, match="argument 'account'"):
         deduped.delay(object())  # at the producer, before anything is sent
     failed = nan_arg.delay(math.nan)  # JSON sends NaN; the worker cannot key it
-    with pytest.raises(KeyEncodingError, match="argument 'value' has type float"):
+    with pytest.raises(KeyEncodingError, match=r"argument 'value' is nan \(a float\): NaN"):
         failed.get(timeout=20)
 
 

@@ -8,6 +8,7 @@ the tests wait on.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -170,6 +171,48 @@ def long_hold(name: str, fence_token: int | None = None) -> dict[str, Any]:
     conn.rpush(f"past:{name}", checks)
     conn.blpop([f"go:{name}"], timeout=30)
     return {"checks": checks, "misses": misses, "fence": fence_token}
+
+
+# -- workflows: depends_on a job that meets its twin --------------------------------------------
+def record_event(kind: str, name: str) -> None:
+    """Append ``kind`` to ``events:<name>`` with the Redis server's clock (one clock for every
+    process), so a test reads what ran in which order from the list and its timestamps."""
+    conn = connection()
+    seconds, micros = conn.time()
+    event = {"event": kind, "job": current().id, "at": seconds * 1_000_000 + micros}
+    conn.rpush(f"events:{name}", json.dumps(event))
+
+
+def _rebuild_body(name: str, gate: str | None, fail: bool) -> str:
+    record_event("rebuild-start", name)
+    if gate is not None and connection().blpop([gate], timeout=30) is None:
+        raise RuntimeError(f"rebuild({name!r}): the test never opened {gate}")
+    record_event("rebuild-end", name)
+    if fail:
+        raise RuntimeError(f"rebuild({name!r}) failed on purpose")
+    return name
+
+
+@singleton_job(key=["name"])
+def rebuild(name: str, gate: str | None = None, fail: bool = False) -> str:
+    """The slow work ("rebuild the report"); with a ``gate`` it runs until the test pushes to it."""
+    return _rebuild_body(name, gate, fail)
+
+
+@singleton_job(key=["name"], on_duplicate="raise")
+def rebuild_strict(name: str, gate: str | None = None, fail: bool = False) -> str:
+    return _rebuild_body(name, gate, fail)
+
+
+@singleton_job(key=["name"], dedupe_enqueue=True)
+def rebuild_deduped(name: str, gate: str | None = None, fail: bool = False) -> str:
+    return _rebuild_body(name, gate, fail)
+
+
+def email_report(name: str) -> str:
+    """A plain RQ job that must come after the rebuild ("email the report")."""
+    record_event("email", name)
+    return name
 
 
 # -- a decorated function bound to another name -----------------------------------------------

@@ -150,17 +150,28 @@ def rq_workers(
 
 
 def hold(
-    client: redis.Redis, func: object, *args: object, ttl: float = 30, **kwargs: object
+    client: redis.Redis,
+    func: object,
+    *args: object,
+    ttl: float = 30,
+    task: str | None = None,
+    **kwargs: object,
 ) -> tasklock.Lock:
-    """Take ``func``'s lock for this call from the test process, as a running twin would."""
+    """Take ``func``'s lock for this call from the test process, as a running twin would.
+
+    ``task`` names the job the hold stands for (a worker records the job id there), as if that
+    job were running; without it the holder is no job at all."""
     guard = func.tasklock.guard  # type: ignore[attr-defined]
+    owner: dict[str, str] = {"name": "test-holder"}
+    if task is not None:
+        owner["task"] = task
     lock = tasklock.Lock(
         client,
         guard.lock_key(args, kwargs),
         timeout=ttl,
         watchdog=True,
         fence_key=guard.fence_key,
-        owner_info={"name": "test-holder"},
+        owner_info=owner,
         thread_local=False,  # the test may release it from another thread
     )
     assert lock.acquire(blocking=False), "the lock was already taken"
