@@ -1,0 +1,313 @@
+"""Connections of tasklock's own for the asyncio lock's hot path: no pool, no task per call.
+
+Why: a ``redis.asyncio`` round trip through the client spends about as much CPU in the pool
+(an ``asyncio.Lock``, in-use bookkeeping, four awaited observability counters and an event
+dispatch per checkout and release) and the command layer as in the round trip itself, and a lock
+cycle is two round trips. Cancellation safety costs too when done with a shielded task per call
+(a task, a future and a callback, each way). So, as the sync lock's lanes do
+(:mod:`tasklock.core.lanes`), the lock's scripts go pre-encoded (:class:`AsyncBoundScript`) over
+connections of tasklock's own, opened from the pool's own settings and kept in a small stock per
+pool: a call takes one (no await when one is idle), writes, and awaits one future, which the
+connection's reply reader (:mod:`tasklock.asyncio.replies`) resolves when the reply is in; the
+connection goes back to the stock by itself once its last awaited reply has arrived.
+
+Cancellation: the reply of a call whose caller was cancelled (or timed out) still arrives, in
+order, and goes to the script's ``on_late`` hook (the acquire releases a lock it took that way)
+and to the future ``on_cancel`` was given (a release's outcome). So nothing is ever left
+half-read on a connection, and the happy path has no task.
+
+Only stock ``redis.asyncio.Redis`` clients on redis-py's ``ConnectionPool`` or
+``BlockingConnectionPool`` speaking RESP2 without client-side caching get a lane (as for the sync
+lanes: RESP3 push messages and caching go through the pool); every other client (cluster,
+Sentinel, instrumented) takes the ordinary path (:func:`tasklock.asyncio.scripts.run_script`),
+and so does any call after a connection error or NOSCRIPT, exactly as if the fast attempt had
+been the first try of the client's own retry policy. The stock lives as long as the pool;
+``client.aclose()`` does not reach it, and its connections are closed when the pool is garbage
+collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+from redis.exceptions import NoScriptError
+
+from tasklock.asyncio.replies import ReplyReader
+from tasklock.asyncio.scripts import run_script
+from tasklock.core.connection import describe_client
+from tasklock.core.scripts import Script, _bulk
+
+__all__ = ["AsyncBoundScript", "AsyncLane", "LaneConnection", "async_lane_for"]
+
+log = logging.getLogger("tasklock.lock")
+
+_STOCK_EXECUTE = aioredis.Redis.execute_command
+_POOL_CLASSES = (aioredis.ConnectionPool, aioredis.BlockingConnectionPool)
+#: Idle connections kept per pool (more are closed).
+MAX_IDLE = 16
+
+
+class LaneConnection:
+    """A connection redis-py opened (TLS, HELLO, AUTH, SELECT), whose transport tasklock then
+    reads itself (:class:`~tasklock.asyncio.replies.ReplyReader`): commands are written with
+    :meth:`write`, and each reply goes to the callback given to ``reader.expect``, in order. A
+    connection taken from its lane goes back to it by itself once its last reply is in."""
+
+    __slots__ = ("_writer", "checked_out", "lane", "reader", "transport")
+
+    def __init__(self, lane: AsyncLane, connection: Any) -> None:
+        self.lane = lane
+        self.checked_out = True
+        writer, stream = connection._writer, connection._reader
+        # Kept: asyncio's StreamWriter closes its transport when it is garbage collected.
+        self._writer = writer
+        self.transport = writer.transport
+        self.reader = ReplyReader(lane.where)
+        leftover = bytes(getattr(stream, "_buffer", b"") or b"")
+        self.transport.set_protocol(self.reader)
+        # tasklock owns the transport now: redis-py's object must not close or warn about it.
+        connection._writer = connection._reader = None
+        if leftover:
+            self.reader.feed(leftover)
+        self.reader.on_idle = self._idle
+
+    @property
+    def usable(self) -> bool:
+        return self.reader.lost is None and not self.transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        if not self.usable:
+            raise redis_errors.ConnectionError(f"the connection to {self.lane.where} is closed")
+        self.transport.write(data)
+
+    def _idle(self, _reader: ReplyReader) -> None:
+        if self.checked_out:
+            self.lane.put(self)
+
+    def close(self) -> None:
+        self.checked_out = False
+        with contextlib.suppress(Exception):  # (its loop closed: it goes with the collector)
+            self.transport.abort()
+
+
+class AsyncLane:
+    """tasklock's own connections to one pool's server, and the encoder of its client."""
+
+    __slots__ = (
+        "__weakref__",
+        "_idle",
+        "_kwargs",
+        "_make",
+        "encode",
+        "encoding",
+        "timeout",
+        "where",
+    )
+
+    def __init__(self, pool: Any, encode: Callable[[Any], bytes], where: str) -> None:
+        kwargs = pool.connection_kwargs
+        #: Lanes with equal encodings encode a command to the same bytes (the fan-out packs a
+        #: command once for all masters).
+        self.encoding = (kwargs.get("encoding"), kwargs.get("encoding_errors"))
+        #: The client's socket timeout, for a single call's reply (None: wait).
+        self.timeout: float | None = kwargs.get("socket_timeout")
+        self.where = where
+        self._make = pool.connection_class
+        # Without the pool's maintenance-notification handler: those are RESP3 push messages
+        # (lanes speak RESP2), and the handler refers to the pool, which owns this lane.
+        self._kwargs = {
+            key: value for key, value in kwargs.items() if key != "maint_notifications_pool_handler"
+        }
+        self._idle: collections.deque[LaneConnection] = collections.deque()
+        self.encode = encode
+
+    def take_idle(self) -> LaneConnection | None:
+        """An idle connection, or None (no await: a caller then connects, or a task does)."""
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.usable:
+                connection.checked_out = True
+                return connection
+            connection.close()
+        return None
+
+    async def connect(self) -> LaneConnection:
+        """A new connection, taken (it goes back to the stock after its first exchange)."""
+        connection = self._make(**self._kwargs)
+        await connection.connect()
+        return LaneConnection(self, connection)
+
+    def put(self, connection: LaneConnection) -> None:
+        connection.checked_out = False
+        if connection.usable and len(self._idle) < MAX_IDLE:
+            self._idle.append(connection)
+        else:
+            connection.close()
+
+    def close_all(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+
+def _resolve(future: asyncio.Future[Any], reply: Any) -> None:
+    if future.done():
+        return
+    if isinstance(reply, BaseException):
+        future.set_exception(reply)
+    else:
+        future.set_result(reply)
+
+
+_lanes: weakref.WeakKeyDictionary[Any, AsyncLane | None] = weakref.WeakKeyDictionary()
+
+
+def async_lane_for(client: Any) -> AsyncLane | None:
+    """The lane of ``client``'s pool, or None when its calls must take the ordinary path."""
+    if (
+        not isinstance(client, aioredis.Redis)
+        or type(client).execute_command is not _STOCK_EXECUTE
+        or getattr(client, "single_connection_client", False)
+    ):
+        return None
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return None
+    try:
+        return _lanes[pool]
+    except KeyError:
+        pass
+    except TypeError:  # not weak-referenceable
+        return None
+    lane: AsyncLane | None = None
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    if (
+        type(pool) in _POOL_CLASSES
+        and getattr(pool, "cache", None) is None
+        and str(kwargs.get("protocol") or 2) == "2"
+    ):
+        lane = AsyncLane(
+            pool,
+            client.get_encoder().encode,  # type: ignore[no-untyped-call]
+            describe_client(client),
+        )
+        weakref.finalize(pool, lane.close_all)
+    return _lanes.setdefault(pool, lane)
+
+
+class AsyncBoundScript:
+    """A script with fixed keys (and fixed trailing arguments) on one ``redis.asyncio`` client,
+    sent pre-encoded on its lane (see the module docstring); the answer and the errors are those
+    of :func:`run_script`. ``on_late`` gets the reply of a call whose caller was cancelled."""
+
+    __slots__ = (
+        "_argc",
+        "_head",
+        "_lane",
+        "_tail",
+        "client",
+        "fast",
+        "keys",
+        "on_late",
+        "script",
+        "tail",
+    )
+
+    def __init__(
+        self,
+        script: Script,
+        client: Any,
+        keys: Sequence[Any],
+        tail: Sequence[Any] = (),
+        on_late: Callable[[Any, tuple[Any, ...]], None] | None = None,
+    ) -> None:
+        self.script = script
+        self.client = client
+        self.keys = tuple(keys)
+        self.tail = tuple(tail)
+        self.on_late = on_late
+        self._lane = lane = async_lane_for(client)
+        #: True when calls go over the lane (and so deal with their caller's cancellation).
+        self.fast = lane is not None
+        if lane is not None:
+            encode = lane.encode
+            self._head = script.packed_head + _bulk([b"%d" % len(self.keys), *map(encode, keys)])
+            self._tail = _bulk(map(encode, self.tail))
+            self._argc = 3 + len(self.keys) + len(self.tail)
+
+    async def __call__(
+        self, *args: Any, on_cancel: Callable[[asyncio.Future[Any]], None] | None = None
+    ) -> Any:
+        """The script's answer. If the caller is cancelled while the reply is on its way, the
+        reply still arrives (see ``on_late``); ``on_cancel`` gets a future of it."""
+        lane = self._lane
+        if lane is not None:
+            packed = b"*%d\r\n%s%s%s" % (
+                self._argc + len(args),
+                self._head,
+                _bulk(map(lane.encode, args)),
+                self._tail,
+            )
+            connection = lane.take_idle() or await lane.connect()
+            loop = asyncio.get_running_loop()
+            answered: asyncio.Future[Any] = loop.create_future()
+            late: list[asyncio.Future[Any]] = []
+            delivered: list[Any] = []  # a late reply that came before the cancellation's handler
+
+            def deliver(reply: Any) -> None:
+                if not answered.done():
+                    answered.set_result(reply)
+                else:  # the caller left (cancelled, or timed out): the reply is a late one
+                    handle_late(reply)
+
+            def handle_late(reply: Any) -> None:
+                delivered.append(reply)
+                for future in late:
+                    _resolve(future, reply)
+                if self.on_late is not None and not isinstance(reply, BaseException):
+                    try:
+                        self.on_late(reply, args)
+                    except Exception:
+                        log.exception("handling the late reply of a %s call", self.script.name)
+
+            try:
+                connection.write(packed)
+            except redis_errors.ConnectionError:
+                connection.close()  # and the ordinary path tries again
+            else:
+                connection.reader.expect(deliver)
+                try:
+                    if lane.timeout is None:
+                        answer = await answered
+                    else:
+                        async with asyncio.timeout(lane.timeout):
+                            answer = await answered
+                except TimeoutError:
+                    connection.close()
+                    raise redis_errors.TimeoutError(f"Timeout reading from {lane.where}") from None
+                except asyncio.CancelledError:
+                    if on_cancel is not None:
+                        future = loop.create_future()
+                        if delivered:  # the late reply is already in
+                            _resolve(future, delivered[0])
+                        else:
+                            late.append(future)
+                        on_cancel(future)
+                    if answered.done() and not answered.cancelled():
+                        # The reply came in before the cancellation was delivered: late all
+                        # the same (an acquire that took the lock must release it).
+                        handle_late(answered.result())
+                    raise
+                if not isinstance(answer, NoScriptError | redis_errors.ConnectionError):
+                    if isinstance(answer, BaseException):
+                        raise answer
+                    return answer
+                # NOSCRIPT (not run) or a lost connection: the ordinary way, as a first retry
+        return await run_script(self.client, self.script, self.keys, (*args, *self.tail))

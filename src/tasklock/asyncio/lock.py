@@ -1,0 +1,154 @@
+"""The single-instance lock for asyncio: one Redis, one round trip to acquire, fenced.
+
+The same scripts as :class:`tasklock.Lock` (acquire with the fence in one round trip,
+owner-checked release and extend; see :mod:`tasklock.core.scripts`), awaited on a
+``redis.asyncio`` client (``Redis``, a Sentinel master, or ``RedisCluster``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tasklock.asyncio._base import AsyncBaseLock, _AsyncWaiter
+from tasklock.asyncio.background import keep
+from tasklock.asyncio.lanes import AsyncBoundScript
+from tasklock.asyncio.scripts import run_script
+from tasklock.asyncio.wakeup import async_hub_for
+from tasklock.core.connection import backend_errors, describe_client
+from tasklock.core.keys import fence_counter_ttl_ms, wake_channel
+from tasklock.core.lease import Attempt, Number, fence_key_or_default
+from tasklock.core.renewal import Renewal, judge_single
+from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE
+from tasklock.core.wakeup import PUBLISH_REFUSED, warn_wakeup_refused
+from tasklock.errors import ConfigurationError
+
+__all__ = ["Lock"]
+
+
+class Lock(AsyncBaseLock):
+    """An asyncio Redis lock with a TTL that is always set, fencing tokens, a watchdog and
+    wake-up on release.
+
+    Interface-compatible with :class:`redis.asyncio.lock.Lock`, so it also works as
+    ``redis.asyncio.Redis.lock(name, lock_class=tasklock.asyncio.Lock)``; the parameters and the
+    differences from redis-py are :class:`tasklock.Lock`'s. What is asyncio's own: holds belong
+    to the task that acquired (and the tasks it starts), not to a thread; cancellation is safe
+    (see :mod:`tasklock.asyncio._base`); ``lock.lost`` is an :class:`asyncio.Event`; ``on_lost``
+    is called on the event loop, from the watchdog's task.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str,
+        timeout: Number | None = None,
+        sleep: Number = 0.1,
+        blocking: bool = True,
+        blocking_timeout: Number | None = None,
+        thread_local: bool = True,
+        raise_on_release_error: bool = True,
+        *,
+        fence_key: str | None = None,
+        watchdog: bool | None = None,
+        on_lost: Callable[[AsyncBaseLock], Any] | None = None,
+        owner_info: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            timeout,
+            sleep,
+            blocking,
+            blocking_timeout,
+            thread_local,
+            raise_on_release_error,
+            watchdog=watchdog,
+            on_lost=on_lost,
+            owner_info=owner_info,
+        )
+        if redis is None or not hasattr(redis, "evalsha") or not hasattr(redis, "pipeline"):
+            raise ConfigurationError(
+                "redis must be a redis.asyncio client (redis.asyncio.Redis or RedisCluster), "
+                f"got {type(redis).__name__}"
+            )
+        self.redis = redis
+        self.fence_key = fence_key_or_default(fence_key, self.name)
+        self._keys = (self.name, self.fence_key)
+        self._ttl_ms = max(1, int(self.ttl * 1000))
+        self._acquire_args = (self._ttl_ms, fence_counter_ttl_ms(self.ttl))
+        self._channel = wake_channel(self.name)
+        self._acquiring = f"acquiring lock {self.name!r}"
+        self._releasing = f"releasing lock {self.name!r}"
+        self._bind(redis)
+
+    def _bind(self, client: Any) -> None:
+        # The hot path: acquire and release pre-encoded for this client (see AsyncBoundScript).
+        self._bound_to = client
+        self._acquire_script = AsyncBoundScript(
+            ACQUIRE, client, self._keys, self._acquire_args, on_late=self._took_while_cancelled
+        )
+        self._release_script = AsyncBoundScript(RELEASE, client, (self.name,), (self._channel,))
+        self._attempt_is_cancel_safe = self._acquire_script.fast
+        self._release_is_cancel_safe = self._release_script.fast
+
+    def _took_while_cancelled(self, answer: Any, args: tuple[Any, ...]) -> None:
+        """An acquire whose caller was cancelled got its answer: release what it took."""
+        ok, number = answer
+        if ok:
+            value = f"{args[0]}#{number}".encode()
+            keep(asyncio.ensure_future(self._release_value(value)))
+
+    async def _attempt(self, token: str) -> Attempt:
+        if self.redis is not self._bound_to:
+            self._bind(self.redis)
+        with backend_errors(self.redis, self._acquiring, self._keys):
+            ok, number = await self._acquire_script(token)
+        if ok:
+            return Attempt(True, f"{token}#{number}".encode(), int(number))
+        return Attempt(False, holder_ttl=number / 1000 if number >= 0 else None)
+
+    async def _release_value(
+        self, value: bytes, on_cancel: Callable[[asyncio.Future[Any]], None] | None = None
+    ) -> bool:
+        if self.redis is not self._bound_to:
+            self._bind(self.redis)
+        with backend_errors(self.redis, self._releasing, self._keys[:1]):
+            released = await self._release_script(value, on_cancel=on_cancel)
+        if released == PUBLISH_REFUSED:
+            warn_wakeup_refused(describe_client(self.redis), "PUBLISH")
+        return bool(released)
+
+    async def _extend_value(self, value: bytes, seconds: float, replace: bool) -> bool:
+        ms = max(1, int(seconds * 1000))
+        with backend_errors(self.redis, f"extending lock {self.name!r}"):
+            extended = await run_script(
+                self.redis, EXTEND, (self.name,), (value, ms, "1" if replace else "0")
+            )
+        return bool(extended)
+
+    def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
+        call = (self.redis, EXTEND, (self.name,), (value, self._ttl_ms, "1"))
+        return Renewal(self.name, self.ttl, [call], judge_single, on_lost)
+
+    async def _waiter(self) -> _AsyncWaiter:
+        return await async_hub_for(self.redis).watch(self._channel)
+
+    async def locked(self) -> bool:
+        with backend_errors(self.redis, f"reading lock {self.name!r}"):
+            return int(await self.redis.exists(self.name)) > 0
+
+    async def _peek(self) -> tuple[bytes | None, int | None]:
+        with backend_errors(self.redis, f"reading lock {self.name!r}"):
+            value = await self.redis.get(self.name)
+            pttl = await self.redis.pttl(self.name)
+        if value is None:
+            return None, None
+        return (value.encode() if isinstance(value, str) else value), int(pttl)
+
+    async def _stored_value_is(self, value: bytes) -> bool:
+        with backend_errors(self.redis, f"reading lock {self.name!r}"):
+            stored = await self.redis.get(self.name)
+        if isinstance(stored, str):
+            stored = stored.encode()
+        return bool(stored == value)
