@@ -10,6 +10,7 @@ the README shows, ``tasklock.stats.snapshot()``, are there after ``import tasklo
 from tasklock import stats
 from tasklock.core.lock import Lock
 from tasklock.core.redlock import Redlock
+from tasklock.core.semaphore import Semaphore
 from tasklock.errors import (
     BackendRefused,
     BackendUnavailable,
@@ -41,6 +42,7 @@ __all__ = [
     "LockNotOwnedError",
     "QuorumNotReached",
     "Redlock",
+    "Semaphore",
     "TaskLockError",
     "stats",
 ]

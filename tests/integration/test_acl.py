@@ -149,6 +149,10 @@ def test_the_documented_minimal_acl_is_enough(acl_server: RedisServer) -> None:
     with tasklock.Lock(client, "orders:1", timeout=1, watchdog=True) as lock:
         assert lock.extend(1)
         assert lock.locked()
+    with tasklock.Semaphore(client, "orders:permits", 2, timeout=1, watchdog=True) as sem:
+        assert sem.extend(1)
+        assert sem.owned()
+        assert len(sem.holders()) == 1
     assert wait_behind_holder(acl_server, "minimal", "orders:2")
 
 

@@ -27,7 +27,9 @@ __all__ = [
     "FencedRegister",
     "HistoryLog",
     "Hold",
+    "assert_at_most",
     "assert_fences_increase",
+    "assert_later_holds_fenced_higher",
     "assert_no_overlap",
     "run_processes",
 ]
@@ -73,6 +75,39 @@ def assert_no_overlap(holds: Iterable[Hold]) -> None:
             )
 
 
+def assert_at_most(holds: Iterable[Hold], limit: int) -> int:
+    """Per name, never more than ``limit`` holds at once; returns the most seen at once (so a
+    test can also check that the limit was reached, i.e. that it really tested concurrency).
+
+    A hold that ended at the instant another began does not overlap it."""
+    by_name: dict[str, list[Hold]] = defaultdict(list)
+    for hold in holds:
+        by_name[hold.name].append(hold)
+    peak = 0
+    for name, items in by_name.items():
+        # Ends sort before starts at the same instant.
+        events = sorted(
+            [(h.start, 1, h) for h in items] + [(h.end, -1, h) for h in items],
+            key=lambda e: (e[0], e[1]),
+        )
+        inside: set[int] = set()
+        for _, step, hold in events:
+            if step < 0:
+                inside.discard(id(hold))
+                continue
+            inside.add(id(hold))
+            if len(inside) > limit:
+                open_now = [h for h in items if id(h) in inside]
+                raise AssertionError(
+                    f"{len(inside)} holds of {name!r} at once (limit {limit}): "
+                    + ", ".join(
+                        f"pid {h.pid} fence {h.fence} [{h.start}, {h.end}]" for h in open_now
+                    )
+                )
+            peak = max(peak, len(inside))
+    return peak
+
+
 def assert_fences_increase(holds: Iterable[Hold]) -> None:
     """Per name, in the order the holds began, every fence is strictly above the previous one."""
     by_name: dict[str, list[Hold]] = defaultdict(list)
@@ -84,6 +119,29 @@ def assert_fences_increase(holds: Iterable[Hold]) -> None:
         assert all(f is not None for f in fences), f"a hold of {name!r} had no fence"
         for a, b in itertools.pairwise(fences):
             assert b > a, f"fence of {name!r} did not increase: {a} then {b} in {fences}"  # type: ignore[operator]
+
+
+def assert_later_holds_fenced_higher(holds: Iterable[Hold]) -> None:
+    """For holds that may overlap (a semaphore's permits): fences are unique per name, and a hold
+    that began after another ended has the higher fence. (Overlapping holds may record their
+    starts in either order; only the server's order of acquisition is strictly increasing.)"""
+    by_name: dict[str, list[Hold]] = defaultdict(list)
+    for hold in holds:
+        by_name[hold.name].append(hold)
+    for name, items in by_name.items():
+        fences = [h.fence for h in items]
+        assert all(f is not None for f in fences), f"a hold of {name!r} had no fence"
+        assert len(set(fences)) == len(fences), f"a fence of {name!r} was issued twice"
+        ended = sorted(items, key=lambda h: h.end)
+        highest_ended, i = -1, 0
+        for hold in sorted(items, key=lambda h: h.start):
+            while i < len(ended) and ended[i].end < hold.start:
+                highest_ended = max(highest_ended, ended[i].fence or -1)
+                i += 1
+            assert (hold.fence or -1) > highest_ended, (
+                f"hold of {name!r} (pid {hold.pid}) began after a hold with fence "
+                f"{highest_ended} had ended, but got fence {hold.fence}"
+            )
 
 
 class FencedRegister:

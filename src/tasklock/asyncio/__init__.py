@@ -15,5 +15,6 @@ per-loop watchdog and wake-up listener) is described in :mod:`tasklock.asyncio._
 from tasklock.asyncio._base import AsyncLostFlag
 from tasklock.asyncio.lock import Lock
 from tasklock.asyncio.redlock import Redlock
+from tasklock.asyncio.semaphore import Semaphore
 
-__all__ = ["AsyncLostFlag", "Lock", "Redlock"]
+__all__ = ["AsyncLostFlag", "Lock", "Redlock", "Semaphore"]

@@ -43,7 +43,7 @@ from redis.exceptions import NoScriptError
 from tasklock.asyncio.replies import ReplyReader
 from tasklock.asyncio.scripts import run_script
 from tasklock.core.connection import describe_client
-from tasklock.core.scripts import Script, _bulk
+from tasklock.core.scripting import Script, _bulk
 
 __all__ = ["AsyncBoundScript", "AsyncLane", "LaneConnection", "async_lane_for"]
 

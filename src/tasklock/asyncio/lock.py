@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from tasklock.asyncio._base import AsyncBaseLock, _AsyncWaiter
 from tasklock.asyncio.background import keep
@@ -20,7 +20,7 @@ from tasklock.core.connection import backend_errors, describe_client
 from tasklock.core.keys import fence_counter_ttl_ms, wake_channel
 from tasklock.core.lease import Attempt, Number, fence_key_or_default
 from tasklock.core.renewal import Renewal, judge_single
-from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE
+from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE, Script
 from tasklock.core.wakeup import PUBLISH_REFUSED, warn_wakeup_refused
 from tasklock.errors import ConfigurationError
 
@@ -38,6 +38,11 @@ class Lock(AsyncBaseLock):
     (see :mod:`tasklock.asyncio._base`); ``lock.lost`` is an :class:`asyncio.Event`; ``on_lost``
     is called on the event loop, from the watchdog's task.
     """
+
+    #: What a hold is on the server (see :class:`tasklock.Lock`).
+    _ACQUIRE: ClassVar[Script] = ACQUIRE
+    _RELEASE: ClassVar[Script] = RELEASE
+    _EXTEND: ClassVar[Script] = EXTEND
 
     def __init__(
         self,
@@ -76,7 +81,6 @@ class Lock(AsyncBaseLock):
         self.fence_key = fence_key_or_default(fence_key, self.name)
         self._keys = (self.name, self.fence_key)
         self._ttl_ms = max(1, int(self.ttl * 1000))
-        self._acquire_args = (self._ttl_ms, fence_counter_ttl_ms(self.ttl))
         self._channel = wake_channel(self.name)
         self._acquiring = f"acquiring lock {self.name!r}"
         self._releasing = f"releasing lock {self.name!r}"
@@ -86,11 +90,21 @@ class Lock(AsyncBaseLock):
         # The hot path: acquire and release pre-encoded for this client (see AsyncBoundScript).
         self._bound_to = client
         self._acquire_script = AsyncBoundScript(
-            ACQUIRE, client, self._keys, self._acquire_args, on_late=self._took_while_cancelled
+            self._ACQUIRE,
+            client,
+            self._keys,
+            self._acquire_tail(),
+            on_late=self._took_while_cancelled,
         )
-        self._release_script = AsyncBoundScript(RELEASE, client, (self.name,), (self._channel,))
+        self._release_script = AsyncBoundScript(
+            self._RELEASE, client, (self.name,), (self._channel,)
+        )
         self._attempt_is_cancel_safe = self._acquire_script.fast
         self._release_is_cancel_safe = self._release_script.fast
+
+    def _acquire_tail(self) -> tuple[int, ...]:
+        """The acquire script's arguments after the owner token."""
+        return (self._ttl_ms, fence_counter_ttl_ms(self.ttl))
 
     def _took_while_cancelled(self, answer: Any, args: tuple[Any, ...]) -> None:
         """An acquire whose caller was cancelled got its answer: release what it took."""
@@ -123,12 +137,12 @@ class Lock(AsyncBaseLock):
         ms = max(1, int(seconds * 1000))
         with backend_errors(self.redis, f"extending lock {self.name!r}"):
             extended = await run_script(
-                self.redis, EXTEND, (self.name,), (value, ms, "1" if replace else "0")
+                self.redis, self._EXTEND, (self.name,), (value, ms, "1" if replace else "0")
             )
         return bool(extended)
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
-        call = (self.redis, EXTEND, (self.name,), (value, self._ttl_ms, "1"))
+        call = (self.redis, self._EXTEND, (self.name,), (value, self._ttl_ms, "1"))
         return Renewal(self.name, self.ttl, [call], judge_single, on_lost)
 
     async def _waiter(self) -> _AsyncWaiter:

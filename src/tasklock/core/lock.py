@@ -11,14 +11,14 @@ blocked acquire is woken by the release's PUBLISH.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from tasklock.core.base import Attempt, BaseLock, Number, _Waiter
 from tasklock.core.connection import backend_errors, describe_client
 from tasklock.core.keys import fence_counter_ttl_ms, wake_channel
 from tasklock.core.lease import fence_key_or_default
 from tasklock.core.renewal import judge_single
-from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE
+from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE, Script
 from tasklock.core.wakeup import PUBLISH_REFUSED, hub_for, warn_wakeup_refused
 from tasklock.core.watchdog import Renewal
 from tasklock.errors import ConfigurationError
@@ -43,6 +43,12 @@ class Lock(BaseLock):
     lock's cluster slot), ``watchdog``, ``on_lost`` (called with the lock, from the watchdog thread,
     when a held lock is found gone) and ``owner_info`` (added to the readable owner metadata).
     """
+
+    #: What a hold is on the server: a plain key holding the owner's value. (A Semaphore's
+    #: permits are a sorted set, with scripts of their own; the rest of the class is shared.)
+    _ACQUIRE: ClassVar[Script] = ACQUIRE
+    _RELEASE: ClassVar[Script] = RELEASE
+    _EXTEND: ClassVar[Script] = EXTEND
 
     def __init__(
         self,
@@ -88,10 +94,12 @@ class Lock(BaseLock):
     def _bind(self, client: Any) -> None:
         # The hot path: acquire and release pre-encoded for this client (see BoundScript).
         self._bound_to = client
-        self._acquire_script = ACQUIRE.bind(
-            client, self._keys, (self._ttl_ms, fence_counter_ttl_ms(self.ttl))
-        )
-        self._release_script = RELEASE.bind(client, (self.name,), (self._channel,))
+        self._acquire_script = self._ACQUIRE.bind(client, self._keys, self._acquire_tail())
+        self._release_script = self._RELEASE.bind(client, (self.name,), (self._channel,))
+
+    def _acquire_tail(self) -> tuple[int, ...]:
+        """The acquire script's arguments after the owner token."""
+        return (self._ttl_ms, fence_counter_ttl_ms(self.ttl))
 
     def _attempt(self, token: str) -> Attempt:
         if self.redis is not self._bound_to:
@@ -114,10 +122,11 @@ class Lock(BaseLock):
     def _extend_value(self, value: bytes, seconds: float, replace: bool) -> bool:
         ms = max(1, int(seconds * 1000))
         with backend_errors(self.redis, f"extending lock {self.name!r}"):
-            return bool(EXTEND(self.redis, (self.name,), (value, ms, "1" if replace else "0")))
+            extended = self._EXTEND(self.redis, (self.name,), (value, ms, "1" if replace else "0"))
+        return bool(extended)
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
-        call = (self.redis, EXTEND, (self.name,), (value, self._ttl_ms, "1"))
+        call = (self.redis, self._EXTEND, (self.name,), (value, self._ttl_ms, "1"))
         return Renewal(self.name, self.ttl, [call], judge_single, on_lost)
 
     def _waiter(self) -> _Waiter:

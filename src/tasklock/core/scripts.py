@@ -1,10 +1,7 @@
 """Every Lua script tasklock runs, in one place.
 
-Each script has a header naming its KEYS, ARGV and return value. Scripts are sent by SHA1
-(EVALSHA); a server that answers NOSCRIPT (new server, restart, SCRIPT FLUSH) gets ``SCRIPT LOAD``
-once and the call is repeated. Nothing is cached globally per client: the SHA is a pure function of
-the source, and which server has loaded what is the server's business, so one Lock class works with
-any number of clients (redis-py caches its Script objects on the class, bound to the first client).
+Each script has a header naming its KEYS, ARGV and return value. How they are sent (EVALSHA, a
+load on NOSCRIPT, the packed hot path, batches) is :mod:`tasklock.core.scripting`.
 
 Lock values have the form ``<owner token>#<fence>``: the owner token is random (see
 :mod:`tasklock.core.owner`) and the fence is the token issued with this hold, so a single GET tells
@@ -13,15 +10,7 @@ an operator who holds a lock and with which fence.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
-
-import redis.exceptions as redis_errors
-from redis.exceptions import NoScriptError
-
-from tasklock.core.lanes import lane_for
+from tasklock.core.scripting import BoundScript, Script, run_batch
 
 __all__ = [
     "ACL_RULES",
@@ -29,6 +18,10 @@ __all__ = [
     "CLAIM",
     "DELETE_IF",
     "EXTEND",
+    "PERMIT_ACQUIRE",
+    "PERMIT_EXTEND",
+    "PERMIT_RELEASE",
+    "PERMIT_STATE",
     "REDLOCK_ACQUIRE",
     "REDLOCK_EXTEND",
     "REDLOCK_FENCE",
@@ -37,6 +30,7 @@ __all__ = [
     "RQ_ATTACH_DEPENDENTS",
     "BoundScript",
     "Script",
+    "run_batch",
 ]
 
 
@@ -46,148 +40,9 @@ __all__ = [
 #: needs +select.)
 ACL_RULES = (
     "+evalsha +script|load +get +set +del +exists +pttl +pexpire +incr +time +publish +subscribe "
-    "+unsubscribe +ping ~tasklock:* ~<your lock names> ~{<your lock names>}:fence resetchannels "
-    "&tasklock:wake:*"
+    "+unsubscribe +ping +type +zadd +zrem +zscore +zrange +zcard +zrangebyscore +zremrangebyscore "
+    "~tasklock:* ~<your lock names> ~{<your lock names>}:fence resetchannels &tasklock:wake:*"
 )
-
-
-@dataclass(frozen=True)
-class Script:
-    name: str
-    source: str
-    sha: str = field(init=False)
-    #: ``EVALSHA <sha>`` as RESP bulk strings, the start of every packed call (see BoundScript).
-    packed_head: bytes = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        sha = hashlib.sha1(self.source.encode()).hexdigest()
-        object.__setattr__(self, "sha", sha)
-        object.__setattr__(self, "packed_head", _bulk([b"EVALSHA", sha.encode()]))
-
-    def __call__(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run on ``client`` (a redis-py client): one EVALSHA, and a load + retry on NOSCRIPT.
-
-        Sent on the thread's own connection when the client has a lane (see BoundScript),
-        else (and after any failure there) through the client itself."""
-        lane = lane_for(client)
-        connection = lane.connection() if lane is not None else None
-        if lane is not None and connection is not None:
-            encode = lane.encode
-            parts = [b"%d" % len(keys), *map(encode, keys), *map(encode, args)]
-            packed = b"*%d\r\n%s%s" % (2 + len(parts), self.packed_head, _bulk(parts))
-            answer = _send(connection, packed)
-            if answer is not _MISSED:
-                return answer
-        return self.ordinary(client, keys, args)
-
-    def ordinary(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """The call through the client's own ``execute_command`` (its retry policy applies)."""
-        try:
-            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            client.execute_command("SCRIPT", "LOAD", self.source)
-            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
-
-    def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
-        """Queue on a pipeline; the caller handles NOSCRIPT results (see :func:`run_batch`)."""
-        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
-
-    def bind(self, client: Any, keys: Sequence[Any], tail: Sequence[Any] = ()) -> BoundScript:
-        """This script with fixed ``keys`` and fixed trailing arguments on one client."""
-        return BoundScript(self, client, keys, tail)
-
-
-def _bulk(parts: Iterable[bytes]) -> bytes:
-    return b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)
-
-
-_MISSED: Any = object()
-
-
-def _send(connection: Any, packed: bytes) -> Any:
-    """Send one packed call on a lane's connection; its answer, or _MISSED when it must be sent
-    again the ordinary way (a connection error, a timeout, NOSCRIPT)."""
-    # A connect failure is raised as the client would raise it: its connect() has already been
-    # through the retry policy, and the ordinary path would not retry it.
-    connection.connect()
-    try:
-        connection.send_packed_command([packed])
-        return connection.read_response()
-    except (NoScriptError, redis_errors.ConnectionError, redis_errors.TimeoutError):
-        return _MISSED  # (redis-py has already disconnected a connection that failed)
-
-
-class BoundScript:
-    """A script with fixed keys (and fixed trailing arguments) on one client: the lock's hot path.
-
-    The EVALSHA is encoded once, with the client's own encoder, except for the per-call
-    arguments, and sent on this thread's own connection to the client's server once it has one
-    (see :mod:`tasklock.core.lanes`; until then, the ordinary way). That skips redis-py's
-    per-command layer and its pool, and nothing else: the answer and the errors are the same as
-    :meth:`Script.__call__`'s. A connection-level error on that connection, or NOSCRIPT, sends
-    the call again the ordinary way, through the client's own retry policy and the script load,
-    exactly as if the fast attempt had been the first try of that policy; a connection that
-    cannot be made at all is an error at once, as it is for the client. Clients it cannot vouch
-    for always take the ordinary way.
-    """
-
-    __slots__ = ("_argc", "_head", "_lane", "_tail", "client", "keys", "script", "tail")
-
-    def __init__(
-        self, script: Script, client: Any, keys: Sequence[Any], tail: Sequence[Any] = ()
-    ) -> None:
-        self.script = script
-        self.client = client
-        self.keys = tuple(keys)
-        self.tail = tuple(tail)
-        self._lane = lane = lane_for(client)
-        if lane is not None:
-            encode = lane.encode
-            self._head = script.packed_head + _bulk([b"%d" % len(self.keys), *map(encode, keys)])
-            self._tail = _bulk(map(encode, self.tail))
-            self._argc = 3 + len(self.keys) + len(self.tail)
-
-    def __call__(self, *args: Any) -> Any:
-        lane = self._lane
-        connection = lane.connection() if lane is not None else None
-        if lane is not None and connection is not None:
-            encode = lane.encode
-            packed = b"*%d\r\n%s%s%s" % (
-                self._argc + len(args),
-                self._head,
-                _bulk(map(encode, args)),
-                self._tail,
-            )
-            answer = _send(connection, packed)
-            if answer is not _MISSED:
-                return answer
-        return self.script.ordinary(self.client, self.keys, (*args, *self.tail))
-
-
-def run_batch(
-    client: Any, calls: Sequence[tuple[Script, Sequence[Any], Sequence[Any]]]
-) -> list[Any]:
-    """Run many script calls in one pipelined round trip (no MULTI).
-
-    Results come back in order; an error for one call is returned in its place (not raised) so one
-    bad key cannot hide the others' results. NOSCRIPT results are retried once after loading.
-    A connection error is raised: the whole batch did not get an answer.
-    """
-    pipe = client.pipeline(transaction=False)
-    for script, keys, args in calls:
-        script.queue(pipe, keys, args)
-    results: list[Any] = list(pipe.execute(raise_on_error=False))
-    missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-    if missing:
-        for script in {calls[i][0] for i in missing}:
-            client.execute_command("SCRIPT", "LOAD", script.source)
-        retry = client.pipeline(transaction=False)
-        for i in missing:
-            script, keys, args = calls[i]
-            script.queue(retry, keys, args)
-        for i, result in zip(missing, retry.execute(raise_on_error=False), strict=True):
-            results[i] = result
-    return results
 
 
 # KEYS[1] lock key, KEYS[2] fence counter
@@ -234,14 +89,15 @@ return {1, fence}
 # ARGV[1] the value this owner stored, ARGV[2] channel to publish the release on
 # Returns 1 when released (and waiters were told), 2 when released but the PUBLISH was refused (an
 # ACL user without +publish on the channel: waiters fall back to polling), 0 when the value did not
-# match (not owned). The PUBLISH is a pcall so that a refused wake-up can never fail a release that
-# has already deleted the key.
+# match (not owned; also when the name now holds a Semaphore's permits: the GET is a pcall for
+# that). The PUBLISH is a pcall so that a refused wake-up can never fail a release that has
+# already deleted the key.
 # Also used by `tasklock release --force` with the value the operator was shown, so a lock that was
 # re-acquired in between is not broken by mistake.
 RELEASE = Script(
     "release",
     """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if type(redis.pcall('PUBLISH', ARGV[2], KEYS[1])) == 'table' then
     return 2
@@ -259,7 +115,7 @@ return 0
 EXTEND = Script(
     "extend",
     """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 local ttl = tonumber(ARGV[2])
@@ -272,6 +128,154 @@ if ARGV[3] == '0' then
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return ttl
+""",
+)
+
+# -- Semaphore permits -----------------------------------------------------------------------------
+# A semaphore's permits are one sorted set at the semaphore's name: member "<owner token>#<fence>",
+# score the permit's expiry in ms on the server's clock. Each permit has its own owner and TTL, so
+# a crashed holder's permit frees itself; the key's own TTL is kept at least as long as its
+# longest permit, so an abandoned semaphore leaves nothing behind. Expired members are dropped by
+# the next acquire. The name may also hold a plain Lock's string (a task whose limit changed
+# between 1 and N during a deployment): the permit scripts count it as one holder and never
+# touch it, and the Lock scripts treat the sorted set as held, so the two kinds exclude each
+# other instead of failing with WRONGTYPE.
+
+# KEYS[1] permits, KEYS[2] fence counter
+# ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] the fence counter's TTL in ms, ARGV[4] limit
+# Returns {1, fence} when a permit was taken, or {0, ms until the first permit expires} when all
+# `limit` are taken (-1: a Lock holds the name without a TTL). The fence is issued as ACQUIRE's.
+# Idempotent per token, as ACQUIRE. The limit is an argument, so it may change between calls:
+# holders above a lowered limit keep their permits until they release; nobody new gets in until
+# the count is below the new limit.
+PERMIT_ACQUIRE = Script(
+    "permit_acquire",
+    """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'zset' and kind ~= 'none' then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local now = redis.call('TIME')
+local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local ms = math.floor(micros / 1000)
+if kind == 'zset' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', ms))
+  local mine = ARGV[1] .. '#'
+  local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+  for i = 1, #members do
+    if string.sub(members[i], 1, #mine) == mine then
+      return {1, tonumber(string.sub(members[i], #mine + 1))}
+    end
+  end
+  if #members >= tonumber(ARGV[4]) then
+    local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    return {0, tonumber(first[2]) - ms}
+  end
+end
+local fence = micros
+local last = tonumber(redis.call('GET', KEYS[2]))
+if last and last >= fence then
+  fence = last + 1
+end
+local text = string.format('%d', fence)
+local ttl = tonumber(ARGV[2])
+redis.call('SET', KEYS[2], text, 'PX', ARGV[3])
+redis.call('ZADD', KEYS[1], string.format('%d', ms + ttl), ARGV[1] .. '#' .. text)
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return {1, fence}
+""",
+)
+
+# KEYS[1] permits; ARGV[1] the value this owner stored, ARGV[2] channel to publish the release on
+# Returns 1 when released (and waiters were told), 2 when released but the PUBLISH was refused
+# (see RELEASE), 0 when the permit was not ours any more (gone, or expired: an expired member is
+# dropped, but nobody is woken, as nothing was freed that the next acquire would not free).
+PERMIT_RELEASE = Script(
+    "permit_release",
+    """
+if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
+  return 0
+end
+local expires = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expires then
+  return 0
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+local now = redis.call('TIME')
+if tonumber(expires) <= tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) then
+  return 0
+end
+if type(redis.pcall('PUBLISH', ARGV[2], KEYS[1])) == 'table' then
+  return 2
+end
+return 1
+""",
+)
+
+# KEYS[1] permits; ARGV[1] the value this owner stored, ARGV[2] milliseconds, ARGV[3] "1" = set
+# the permit's TTL to ARGV[2], "0" = add ARGV[2] to what it has left (as EXTEND)
+# Returns the permit's new TTL in ms, or 0 when it is not ours any more (gone or expired).
+PERMIT_EXTEND = Script(
+    "permit_extend",
+    """
+if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
+  return 0
+end
+local expires = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expires then
+  return 0
+end
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+expires = tonumber(expires)
+if expires <= ms then
+  return 0
+end
+local ttl = tonumber(ARGV[2])
+if ARGV[3] == '0' then
+  ttl = ttl + expires - ms
+end
+redis.call('ZADD', KEYS[1], 'XX', string.format('%d', ms + ttl), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return ttl
+""",
+)
+
+# A read of a semaphore's permits (writes nothing: it also runs on a replica).
+# KEYS[1] permits; ARGV[1] a value to look for ("" for none)
+# Returns {mine, value1, ms left 1, value2, ms left 2, ...}: mine is 1 when ARGV[1] holds a live
+# permit; then every live permit, the first to expire first. A Lock holding the name answers
+# {2, its value, its PTTL}: no permit can be taken while it holds.
+PERMIT_STATE = Script(
+    "permit_state",
+    """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+  return {0}
+end
+if kind ~= 'zset' then
+  local value = redis.pcall('GET', KEYS[1])
+  if type(value) ~= 'string' then
+    value = ''
+  end
+  return {2, value, redis.call('PTTL', KEYS[1])}
+end
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('(%d', ms), '+inf', 'WITHSCORES')
+local answer = {0}
+for i = 1, #live, 2 do
+  if live[i] == ARGV[1] then
+    answer[1] = 1
+  end
+  table.insert(answer, live[i])
+  table.insert(answer, tonumber(live[i + 1]) - ms)
+end
+return answer
 """,
 )
 

@@ -100,6 +100,27 @@ def test_a_lock_on_every_node(redis_cluster: RedisClusterServers, rc: RedisClust
             direct.close()
 
 
+def test_a_semaphore_on_every_node(redis_cluster: RedisClusterServers, rc: RedisCluster) -> None:
+    """The permits and their fence counter share the name's slot (issue 12)."""
+    for name in redis_cluster.names_on_every_node("sem"):
+        node = redis_cluster.node_for(name)
+        direct = node.client()
+        try:
+            sems = [tasklock.Semaphore(rc, name, 2, timeout=10) for _ in range(3)]
+            assert [s.acquire(blocking=False) for s in sems] == [True, True, False]
+            assert direct.type(name) == b"zset"
+            assert direct.zcard(name) == 2
+            assert direct.exists(fence_key_for(name))
+            assert len(sems[0].holders()) == 2
+            sems[0].release()
+            assert sems[2].acquire(blocking=False)
+            sems[1].release()
+            sems[2].release()
+            assert not direct.exists(name)
+        finally:
+            direct.close()
+
+
 def test_acquire_loads_the_scripts_on_noscript(
     redis_cluster: RedisClusterServers, rc: RedisCluster
 ) -> None:

@@ -1,0 +1,94 @@
+"""What a Semaphore is, with no I/O: its scripts, its limit, and how to read its permits.
+
+A :class:`tasklock.Semaphore` is a :class:`tasklock.Lock` whose hold is one of ``limit`` permits
+instead of the one key: everything else (owner tokens, fencing, waiting and wake-up, the
+watchdog, ``lost``/``on_lost``, errors) is the lock's, shared, not copied. The difference is the
+layout on the server, a sorted set of permits at the semaphore's name (see the PERMIT_* scripts
+in :mod:`tasklock.core.scripts`), so what differs lives here once for the sync and the asyncio
+driver: :class:`PermitRules` (the scripts and the acquire's arguments) and :class:`PermitState`
+(one read of the permits, parsed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tasklock.core.keys import fence_counter_ttl_ms
+from tasklock.core.owner import Holder, parse_value
+from tasklock.core.scripting import Script
+from tasklock.core.scripts import PERMIT_ACQUIRE, PERMIT_EXTEND, PERMIT_RELEASE
+from tasklock.errors import ConfigurationError
+
+__all__ = ["PermitRules", "PermitState", "check_limit"]
+
+
+def check_limit(limit: Any) -> int:
+    """``limit`` as an int >= 1, or a ConfigurationError naming it."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError(
+            f"limit must be a whole number of permits >= 1 (how many may hold at once), "
+            f"got {limit!r}"
+        )
+    return limit
+
+
+class PermitRules:
+    """The scripts of a semaphore's hold, for a Lock driver (sync or asyncio) to run.
+
+    Mixed in before the driver's Lock class, so these replace the lock's scripts; the limit is
+    an argument of every acquire (so it may change between calls: see PERMIT_ACQUIRE).
+    """
+
+    _ACQUIRE: ClassVar[Script] = PERMIT_ACQUIRE
+    _RELEASE: ClassVar[Script] = PERMIT_RELEASE
+    _EXTEND: ClassVar[Script] = PERMIT_EXTEND
+
+    limit: int
+    ttl: float
+    _ttl_ms: int
+
+    def _acquire_tail(self) -> tuple[int, ...]:
+        return (self._ttl_ms, fence_counter_ttl_ms(self.ttl), self.limit)
+
+
+#: PERMIT_STATE's first number when a plain Lock holds the name: no permit can be taken.
+_HELD_BY_A_LOCK = 2
+
+
+@dataclass(frozen=True)
+class PermitState:
+    """One read of a semaphore's permits (PERMIT_STATE's answer)."""
+
+    #: True when the value asked about holds a live permit.
+    mine: bool
+    #: Every live permit as (stored value, ms left), the first to expire first (ms -1: no TTL).
+    permits: tuple[tuple[bytes, int], ...]
+    #: True when a plain Lock holds the name (a task whose limit changed during a deployment).
+    held_by_a_lock: bool = False
+
+    @classmethod
+    def parse(cls, reply: Sequence[Any]) -> PermitState:
+        flag = int(reply[0])
+        pairs = []
+        for i in range(1, len(reply) - 1, 2):
+            value = reply[i]
+            pairs.append(
+                (value.encode() if isinstance(value, str) else bytes(value), int(reply[i + 1]))
+            )
+        return cls(flag == 1, tuple(pairs), flag == _HELD_BY_A_LOCK)
+
+    def full(self, limit: int) -> bool:
+        """True when no permit can be taken now (``locked()``)."""
+        return self.held_by_a_lock or len(self.permits) >= limit
+
+    def first(self) -> tuple[bytes | None, int | None]:
+        """The permit that frees first, as ``_peek`` answers: (value, ms left), or (None, None)."""
+        if not self.permits:
+            return None, None
+        return self.permits[0]
+
+    def holders(self) -> list[tuple[Holder, float | None]]:
+        """Who holds the permits, and for how many more seconds each."""
+        return [(parse_value(value), ms / 1000 if ms >= 0 else None) for value, ms in self.permits]

@@ -1,0 +1,162 @@
+"""How tasklock sends a Lua script: EVALSHA by SHA1, a load and a retry on NOSCRIPT, the packed hot
+path on a thread's own connection, and pipelined batches.
+
+The scripts themselves are in :mod:`tasklock.core.scripts`. A server that answers NOSCRIPT (new
+server, restart, SCRIPT FLUSH) gets ``SCRIPT LOAD`` once and the call is repeated. Nothing is
+cached globally per client: the SHA is a pure function of the source, and which server has loaded
+what is the server's business, so one Lock class works with any number of clients (redis-py
+caches its Script objects on the class, bound to the first client).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.exceptions as redis_errors
+from redis.exceptions import NoScriptError
+
+from tasklock.core.lanes import lane_for
+
+__all__ = ["BoundScript", "Script", "run_batch"]
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+    sha: str = field(init=False)
+    #: ``EVALSHA <sha>`` as RESP bulk strings, the start of every packed call (see BoundScript).
+    packed_head: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sha = hashlib.sha1(self.source.encode()).hexdigest()
+        object.__setattr__(self, "sha", sha)
+        object.__setattr__(self, "packed_head", _bulk([b"EVALSHA", sha.encode()]))
+
+    def __call__(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run on ``client`` (a redis-py client): one EVALSHA, and a load + retry on NOSCRIPT.
+
+        Sent on the thread's own connection when the client has a lane (see BoundScript),
+        else (and after any failure there) through the client itself."""
+        lane = lane_for(client)
+        connection = lane.connection() if lane is not None else None
+        if lane is not None and connection is not None:
+            encode = lane.encode
+            parts = [b"%d" % len(keys), *map(encode, keys), *map(encode, args)]
+            packed = b"*%d\r\n%s%s" % (2 + len(parts), self.packed_head, _bulk(parts))
+            answer = _send(connection, packed)
+            if answer is not _MISSED:
+                return answer
+        return self.ordinary(client, keys, args)
+
+    def ordinary(self, client: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """The call through the client's own ``execute_command`` (its retry policy applies)."""
+        try:
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            client.execute_command("SCRIPT", "LOAD", self.source)
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
+        """Queue on a pipeline; the caller handles NOSCRIPT results (see :func:`run_batch`)."""
+        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def bind(self, client: Any, keys: Sequence[Any], tail: Sequence[Any] = ()) -> BoundScript:
+        """This script with fixed ``keys`` and fixed trailing arguments on one client."""
+        return BoundScript(self, client, keys, tail)
+
+
+def _bulk(parts: Iterable[bytes]) -> bytes:
+    return b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)
+
+
+_MISSED: Any = object()
+
+
+def _send(connection: Any, packed: bytes) -> Any:
+    """Send one packed call on a lane's connection; its answer, or _MISSED when it must be sent
+    again the ordinary way (a connection error, a timeout, NOSCRIPT)."""
+    # A connect failure is raised as the client would raise it: its connect() has already been
+    # through the retry policy, and the ordinary path would not retry it.
+    connection.connect()
+    try:
+        connection.send_packed_command([packed])
+        return connection.read_response()
+    except (NoScriptError, redis_errors.ConnectionError, redis_errors.TimeoutError):
+        return _MISSED  # (redis-py has already disconnected a connection that failed)
+
+
+class BoundScript:
+    """A script with fixed keys (and fixed trailing arguments) on one client: the lock's hot path.
+
+    The EVALSHA is encoded once, with the client's own encoder, except for the per-call
+    arguments, and sent on this thread's own connection to the client's server once it has one
+    (see :mod:`tasklock.core.lanes`; until then, the ordinary way). That skips redis-py's
+    per-command layer and its pool, and nothing else: the answer and the errors are the same as
+    :meth:`Script.__call__`'s. A connection-level error on that connection, or NOSCRIPT, sends
+    the call again the ordinary way, through the client's own retry policy and the script load,
+    exactly as if the fast attempt had been the first try of that policy; a connection that
+    cannot be made at all is an error at once, as it is for the client. Clients it cannot vouch
+    for always take the ordinary way.
+    """
+
+    __slots__ = ("_argc", "_head", "_lane", "_tail", "client", "keys", "script", "tail")
+
+    def __init__(
+        self, script: Script, client: Any, keys: Sequence[Any], tail: Sequence[Any] = ()
+    ) -> None:
+        self.script = script
+        self.client = client
+        self.keys = tuple(keys)
+        self.tail = tuple(tail)
+        self._lane = lane = lane_for(client)
+        if lane is not None:
+            encode = lane.encode
+            self._head = script.packed_head + _bulk([b"%d" % len(self.keys), *map(encode, keys)])
+            self._tail = _bulk(map(encode, self.tail))
+            self._argc = 3 + len(self.keys) + len(self.tail)
+
+    def __call__(self, *args: Any) -> Any:
+        lane = self._lane
+        connection = lane.connection() if lane is not None else None
+        if lane is not None and connection is not None:
+            encode = lane.encode
+            packed = b"*%d\r\n%s%s%s" % (
+                self._argc + len(args),
+                self._head,
+                _bulk(map(encode, args)),
+                self._tail,
+            )
+            answer = _send(connection, packed)
+            if answer is not _MISSED:
+                return answer
+        return self.script.ordinary(self.client, self.keys, (*args, *self.tail))
+
+
+def run_batch(
+    client: Any, calls: Sequence[tuple[Script, Sequence[Any], Sequence[Any]]]
+) -> list[Any]:
+    """Run many script calls in one pipelined round trip (no MULTI).
+
+    Results come back in order; an error for one call is returned in its place (not raised) so one
+    bad key cannot hide the others' results. NOSCRIPT results are retried once after loading.
+    A connection error is raised: the whole batch did not get an answer.
+    """
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in calls:
+        script.queue(pipe, keys, args)
+    results: list[Any] = list(pipe.execute(raise_on_error=False))
+    missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+    if missing:
+        for script in {calls[i][0] for i in missing}:
+            client.execute_command("SCRIPT", "LOAD", script.source)
+        retry = client.pipeline(transaction=False)
+        for i in missing:
+            script, keys, args = calls[i]
+            script.queue(retry, keys, args)
+        for i, result in zip(missing, retry.execute(raise_on_error=False), strict=True):
+            results[i] = result
+    return results
