@@ -188,8 +188,11 @@ def test_waiter_is_woken_by_the_release(clients: list[redis.Redis]) -> None:
         lambda: all(dict(c.pubsub_numsub(channel)).get(channel, 0) >= 1 for c in clients),
         what="the waiter subscribed on every master",
     )
+    # Each failed attempt is decided by at least a majority's answers (3 "held" of 5): two
+    # attempts ran at least 6 scripts in all. (Not "2 on every master": a master whose connection
+    # was still being made when the others had decided the round is not asked in that round.)
     eventually(
-        lambda: all(evalsha_calls(c) >= b + 2 for c, b in zip(clients, before, strict=True)),
+        lambda: sum(evalsha_calls(c) for c in clients) >= sum(before) + 2 * 3,
         what="the waiter tried twice (before and after subscribing), then slept",
     )
     holder.release()
