@@ -1,9 +1,14 @@
 """The ``tasklock`` command: see who holds which lock, release a stuck one, check a server.
 
+Semaphores too: ``ls`` lists each live permit as a row of its own, ``show`` of a semaphore's name
+lists its permits, and ``release`` of one takes ``--fence`` or ``--token`` to name the permit (a
+semaphore has several holders, so "release it" would be ambiguous); it never deletes the set.
+
 This module is the argument layer only: it resolves URLs, calls :mod:`tasklock.ops` and prints.
 Exit status: 0 success, 1 failure (Redis unreachable, lock not found, doctor found a problem),
-2 usage error (bad option, bad URL, ``release`` without ``--force``). Expected errors are one line
-on stderr saying what is wrong and what to do; no tracebacks.
+2 usage error (bad option, bad URL, ``release`` without ``--force``, or of a semaphore without
+``--fence``/``--token``). Expected errors are one line on stderr saying what is wrong and what to
+do; no tracebacks.
 
 URLs: ``--url`` (``--urls`` for ``doctor``), else ``$TASKLOCK_URL`` (``$TASKLOCK_URLS``,
 comma-separated, for ``doctor``), else ``redis://localhost:6379/0``.
@@ -43,11 +48,21 @@ from tasklock.ops.inspect import (
     key_from_text,
     key_text,
     list_locks,
+    newest_first,
+    printable,
     read_fence_counters,
     read_key,
     release_if_unchanged,
 )
-from tasklock.ops.render import doctor_report, holder_line, lock_details, lock_table
+from tasklock.ops.permits import find_permit, list_permits, read_permits, release_permit
+from tasklock.ops.render import (
+    doctor_report,
+    holder_line,
+    lock_details,
+    lock_table,
+    permit_list,
+    semaphore_details,
+)
 
 __all__ = ["DEFAULT_URL", "build_parser", "main"]
 
@@ -139,12 +154,17 @@ def _quoted(key: str) -> str:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     url, origin = resolve_url(args.url)
+    client = connect(url, origin)
     # The pattern is a SCAN glob (its backslashes escape * ? [), sent as the bytes typed.
-    locks = list_locks(connect(url, origin), _argv_bytes(args.match))
+    match = _argv_bytes(args.match)
+    locks = sorted([*list_locks(client, match), *list_permits(client, match)], key=newest_first)
     if args.json:
         print(json.dumps([info.to_json() for info in locks], indent=2))
     elif not locks:
-        print(f"No tasklock locks held on {redact_url(url)} matching {args.match!r}.")
+        print(
+            f"No tasklock locks held on {redact_url(url)} matching {args.match!r} "
+            "(and no semaphore permits)."
+        )
     else:
         print(lock_table(locks))
     return 0
@@ -179,22 +199,55 @@ def _held_lock(state: KeyState, url: str, typed: str) -> LockInfo:
     return state.lock
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    key = key_argument(args.key)
-    url, origin = resolve_url(args.url)
-    client = connect(url, origin)
-    lock = _held_lock(read_key(client, key), url, args.key)
+def _live_permits(client: redis.Redis, key: str, url: str) -> list[LockInfo]:
+    """The live permits of the sorted set at ``key``; a CommandFailed when it has none."""
+    permits = read_permits(client, key)
+    if not permits:
+        raise CommandFailed(
+            f"{_quoted(key)} on {redact_url(url)} is a Redis zset with no live tasklock permit "
+            "(a semaphore whose permits all expired or were released, or another library's "
+            "sorted set); tasklock leaves it alone"
+        )
+    return permits
+
+
+def _fence_counters(
+    client: redis.Redis, key: str
+) -> tuple[dict[str, int | None], dict[str, str], list[dict[str, Any]]]:
+    """The fence counters of ``key`` to show, their labels, and the same as JSON."""
     candidates = fence_counter_keys(key)
     counters = read_fence_counters(client, [counter for _, counter in candidates])
     # Show the counters that exist; when none does, the most likely one as "not set".
     counters = {k: v for k, v in counters.items() if v is not None} or {candidates[0][1]: None}
     labels = {key: label for label, key in candidates}
+    as_json = [
+        {"key": key_text(counter), "kind": labels[counter], "value": counters[counter]}
+        for counter in counters
+    ]
+    return counters, labels, as_json
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    key = key_argument(args.key)
+    url, origin = resolve_url(args.url)
+    client = connect(url, origin)
+    state = read_key(client, key)
+    if state.type == "zset":  # a Semaphore: its permits, first to free first
+        permits = _live_permits(client, key, url)
+        counters, labels, counters_json = _fence_counters(client, key)
+        if args.json:
+            semaphore = {"key": key_text(key), "kind": "semaphore", "permits": len(permits)}
+            semaphore["holders"] = [permit.to_json() for permit in permits]
+            semaphore["fence_counters"] = counters_json
+            print(json.dumps(semaphore, indent=2))
+        else:
+            print(semaphore_details(key, permits, counters, labels))
+        return 0
+    lock = _held_lock(state, url, args.key)
+    counters, labels, counters_json = _fence_counters(client, key)
     if args.json:
         data = lock.to_json()
-        data["fence_counters"] = [
-            {"key": key_text(counter), "kind": labels[counter], "value": counters[counter]}
-            for counter in counters
-        ]
+        data["fence_counters"] = counters_json
         print(json.dumps(data, indent=2))
     else:
         print(lock_details(lock, counters, labels))
@@ -233,7 +286,15 @@ def cmd_release(args: argparse.Namespace) -> int:
         raise CommandFailed(FORCE_REFUSAL.format(key=_quoted(key)), code=2)
     url, origin = resolve_url(args.url)
     client = connect(url, origin)
-    lock = _held_lock(read_key(client, key), url, args.key)
+    state = read_key(client, key)
+    if state.type == "zset":
+        return _release_permit(client, key, url, args)
+    lock = _held_lock(state, url, args.key)
+    if _named(args) and find_permit([lock], args.fence, args.token) is None:
+        raise CommandFailed(
+            f"{_quoted(key)} is a lock held by {holder_line(lock)}, which {_named(args)} does "
+            "not name: nothing released"
+        )
     print(f"{key_text(key)} is held by {holder_line(lock)}")
     if not args.yes and not confirm(
         "Release it now? Its holder, if still running, will no longer be exclusive. [y/N] "
@@ -254,6 +315,63 @@ def cmd_release(args: argparse.Namespace) -> int:
         f"{_quoted(key)} changed since it was shown ({current}): nothing released; run the "
         "command again to see the current holder"
     )
+
+
+def _named(args: argparse.Namespace) -> str:
+    """The ``--fence N`` or ``--token TOKEN`` given, as typed; "" when neither was."""
+    if args.fence is not None:
+        return f"--fence {args.fence}"
+    return "" if args.token is None else f"--token {printable(args.token)}"
+
+
+def _release_permit(client: redis.Redis, key: str, url: str, args: argparse.Namespace) -> int:
+    """``release`` of a Semaphore: the one permit named by --fence or --token, owner-checked by
+    PERMIT_RELEASE (the other permits, and the set itself, are never touched)."""
+    permits = _live_permits(client, key, url)
+    if not _named(args):
+        count = f"{len(permits)} live permit" + ("" if len(permits) == 1 else "s")
+        raise CommandFailed(
+            f"{_quoted(key)} on {redact_url(url)} is a semaphore with {count}: name the one to "
+            f"release, as in `tasklock release {_quoted(key)} --force --fence {permits[0].fence}` "
+            "(or --token TOKEN; `tasklock show` lists both). Nothing released. Its permits: "
+            f"{permit_list(permits)}",
+            code=2,
+        )
+    permit = find_permit(permits, args.fence, args.token)
+    if permit is None:
+        raise CommandFailed(
+            f"{_quoted(key)} has no live permit matching {_named(args)}: nothing released. Its "
+            f"permits: {permit_list(permits)}"
+        )
+    print(f"{key_text(key)}: the permit is held by {holder_line(permit)}")
+    if not args.yes and not confirm(
+        "Release this permit now? Its holder, if still running, will no longer count against "
+        "the limit. [y/N] "
+    ):
+        print("Not released.")
+        return 1
+    outcome = release_permit(client, key, permit.raw_value)
+    if outcome == 0:
+        raise CommandFailed(
+            f"the permit of {_quoted(key)} with fence {permit.fence} changed since it was shown "
+            "(it expired or was released): nothing released, the other permits are untouched; "
+            "run the command again to see the current permits"
+        )
+    woken = "waiters were woken" if outcome == 1 else "the server refused the wake-up PUBLISH"
+    print(f"Released the permit with fence {permit.fence} of {key_text(key)}; {woken}.")
+    return 0
+
+
+def _fence_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a fence token (a number), got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a fence token (>= 0), got {text!r}")
+    return value
 
 
 def _non_empty(text: str) -> str:
@@ -340,13 +458,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     release = sub.add_parser(
         "release",
-        help="force-release a stuck lock (owner-aware; needs --force)",
+        help="force-release a stuck lock or semaphore permit (owner-aware; needs --force)",
         description="Delete a held lock whose holder is gone. Shows the holder first and deletes "
-        "only if the lock still has the value shown. Waiting for the TTL is safer.",
+        "only if the lock still has the value shown. Waiting for the TTL is safer. For a "
+        "semaphore, name the permit with --fence or --token; only that permit is released.",
     )
     release.add_argument("key", metavar="KEY", help="the lock key (as printed by `tasklock ls`)")
     release.add_argument(
         "--force", action="store_true", help="required: you accept breaking mutual exclusion"
+    )
+    permit = release.add_mutually_exclusive_group()
+    permit.add_argument(
+        "--fence",
+        type=_fence_number,
+        metavar="N",
+        help="the permit (of a semaphore) or lock holding this fence token, as `ls` shows it",
+    )
+    permit.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="the permit or lock of this owner token (32 hex digits, as `show` lists them)",
     )
     release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     _add_url(release)

@@ -10,6 +10,7 @@ an exception. The real-server round trips (ls -> show -> release) are in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -26,7 +27,13 @@ from tasklock.ops.inspect import (
     parse_lock_value,
     printable,
 )
-from tasklock.ops.render import holder_line, lock_details, lock_table
+from tasklock.ops.render import (
+    holder_line,
+    lock_details,
+    lock_table,
+    permit_list,
+    semaphore_details,
+)
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 NOW = 1_800_000_000.0
@@ -102,6 +109,17 @@ def _check_renders(info: LockInfo) -> None:
     line = holder_line(info)
     assert line.isprintable()
     json.dumps(info.to_json())
+    # The same value as one of a Semaphore's permits: a row beside a lock, and show's list.
+    permit = dataclasses.replace(info, permits=2)
+    table = lock_table([info, permit], now=NOW)
+    assert len(table.splitlines()) == 3
+    assert all(line.isprintable() for line in table.splitlines())
+    assert table.splitlines()[0].split()[-1] == "KIND"
+    details = semaphore_details(info.key, [permit, permit], counters, labels, now=NOW)
+    assert all(line.isprintable() for line in details.splitlines())
+    assert len(details.splitlines()) == 2 + len(counters) + 2 + 2
+    assert permit_list([permit] * 12).isprintable()
+    assert json.loads(json.dumps(permit.to_json()))["kind"] == "permit"
     at = info.acquired_at
     assert at is None or (math.isfinite(at) and at >= 0)
 

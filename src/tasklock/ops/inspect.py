@@ -8,7 +8,9 @@ not write. A Redlock node holds the bare ``<token> <meta>`` (no fence yet) for t
 its two rounds, so a missing fence is accepted and shown as unknown.
 
 Listing uses SCAN (never KEYS, which blocks the server) with ``TYPE string`` where the server
-supports it (Redis 6.0+), and reads each page's values and TTLs in one pipelined round trip.
+supports it (Redis 6.0+), and reads each page's values and TTLs in one pipelined round trip. A
+Semaphore's permits (members of a sorted set, the same values) are read by
+:mod:`tasklock.ops.permits`, which gives them as :class:`LockInfo` rows too.
 
 Keys are any bytes. Here they are ``str`` decoded from UTF-8 with ``surrogateescape`` (each byte
 that is not UTF-8 becomes one lone surrogate, so nothing is lost and :func:`key_bytes` gives the
@@ -40,11 +42,13 @@ __all__ = [
     "key_from_text",
     "key_text",
     "list_locks",
+    "newest_first",
     "parse_lock_value",
     "printable",
     "read_fence_counters",
     "read_key",
     "release_if_unchanged",
+    "scan_pages",
 ]
 
 #: Keys per SCAN call: large enough for few round trips, small enough not to stall the server.
@@ -211,13 +215,15 @@ def parse_lock_value(value: bytes | str) -> Holder | None:
     return holder
 
 
-def _decode_key(key: bytes | str) -> str:
+def decode_key(key: bytes | str) -> str:
+    """A key as Redis sent it, in the ``surrogateescape`` form (see the module)."""
     return key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else key
 
 
 @dataclass(frozen=True)
 class LockInfo:
-    """One held lock: its key, the raw stored value, the parsed holder and the TTL left.
+    """One held lock, or one live permit of a Semaphore: its key, the raw stored value (the
+    permit's member), the parsed holder and the TTL left (the permit's own, for a permit).
 
     ``key`` is in the ``surrogateescape`` form (see the module); show it with :func:`key_text`.
     """
@@ -226,6 +232,14 @@ class LockInfo:
     raw_value: bytes
     holder: Holder
     ttl_ms: int | None  # None: the key has no TTL (tasklock never writes one without)
+    #: For a Semaphore's permit, how many live tasklock permits its set held when read; None for
+    #: a lock.
+    permits: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """``"lock"`` or ``"permit"`` (one of a Semaphore's)."""
+        return "lock" if self.permits is None else "permit"
 
     @property
     def fence(self) -> int | None:
@@ -271,7 +285,9 @@ class LockInfo:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; the field names are a stable interface for scripts. ``key`` is the
         key as ``tasklock ls`` prints it (:func:`key_text`), the form ``show`` and ``release``
-        take: the key itself unless it has a backslash or characters that do not print."""
+        take: the key itself unless it has a backslash or characters that do not print.
+        ``kind`` is ``"lock"`` or ``"permit"``; ``permits`` the live permits of a permit's
+        semaphore (None for a lock)."""
         return {
             "key": key_text(self.key),
             "host": self.host,
@@ -284,6 +300,8 @@ class LockInfo:
             "token": self.holder.token,
             "meta": self.meta,
             "value": self.holder.value,
+            "kind": self.kind,
+            "permits": self.permits,
         }
 
 
@@ -297,12 +315,13 @@ def _lock_info(key: bytes | str, value: Any, pttl: Any) -> LockInfo | None:
     if holder is None:
         return None
     raw = value.encode() if isinstance(value, str) else value
-    return LockInfo(_decode_key(key), raw, holder, int(pttl) if pttl >= 0 else None)
+    return LockInfo(decode_key(key), raw, holder, int(pttl) if pttl >= 0 else None)
 
 
-def _scan_pages(client: Any, match: str | bytes) -> Iterator[list[bytes]]:
-    """Pages of keys matching ``match``, string keys only when the server can filter by type."""
-    type_filter: str | None = "string"
+def scan_pages(client: Any, match: str | bytes, kind: str = "string") -> Iterator[list[bytes]]:
+    """Pages of keys matching ``match``, keys of Redis type ``kind`` only when the server can
+    filter by type (Redis 6.0+); on older servers every key, for the caller's reads to sort out."""
+    type_filter: str | None = kind
     cursor = 0
     while True:
         try:
@@ -325,7 +344,7 @@ def list_locks(client: Any, match: str | bytes = "*") -> list[LockInfo]:
     """
     locks: dict[str, LockInfo] = {}
     with backend_errors(client, f"listing locks matching {match!r}"):
-        for page in _scan_pages(client, match):
+        for page in scan_pages(client, match):
             keys = [k for k in page if not k.endswith(b":fence")]
             if not keys:
                 continue
@@ -338,12 +357,13 @@ def list_locks(client: Any, match: str | bytes = "*") -> list[LockInfo]:
                 info = _lock_info(key, answers[2 * i], answers[2 * i + 1])
                 if info is not None:
                     locks[info.key] = info
-    return sorted(locks.values(), key=_newest_first)
+    return sorted(locks.values(), key=newest_first)
 
 
-def _newest_first(info: LockInfo) -> tuple[bool, float, str]:
+def newest_first(info: LockInfo) -> tuple[bool, float, str, int]:
+    """The sort key of ``tasklock ls``: latest ``at`` first, then by key and fence."""
     at = info.acquired_at
-    return (at is None, -(at or 0.0), info.key)
+    return (at is None, -(at or 0.0), info.key, info.fence or 0)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,15 @@ from collections.abc import Mapping, Sequence
 from tasklock.ops.doctor import Report, Status
 from tasklock.ops.inspect import LockInfo, key_text, printable
 
-__all__ = ["doctor_report", "duration", "holder_line", "lock_details", "lock_table"]
+__all__ = [
+    "doctor_report",
+    "duration",
+    "holder_line",
+    "lock_details",
+    "lock_table",
+    "permit_list",
+    "semaphore_details",
+]
 
 _MISSING = "-"
 
@@ -59,26 +67,38 @@ def _task(info: LockInfo) -> str | None:
     return task if task is not None else name
 
 
+def _columns(rows: Sequence[Sequence[str]], indent: str = "") -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(indent + line.rstrip() for line in lines)
+
+
+def _kind(info: LockInfo) -> str:
+    return "lock" if info.permits is None else f"permit ({info.permits} live)"
+
+
 def lock_table(locks: Sequence[LockInfo], now: float | None = None) -> str:
-    """The ``ls`` table, one row per lock in the order given (newest first from list_locks)."""
+    """The ``ls`` table, one row per lock or permit in the order given (newest first).
+
+    When a Semaphore's permit is among the rows, a last column KIND says which rows are permits
+    and how many live permits each one's semaphore has; without one, the table is the locks'.
+    """
     now = time.time() if now is None else now
-    header = ("KEY", "HOST", "PID", "TASK", "AGE", "TTL", "FENCE")
+    with_kind = any(info.permits is not None for info in locks)
+    header = ("KEY", "HOST", "PID", "TASK", "AGE", "TTL", "FENCE") + (("KIND",) * with_kind)
     rows = [header]
     for info in locks:
-        rows.append(
-            (
-                key_text(info.key),
-                _cell(info.host),
-                _cell(info.pid),
-                _cell(_task(info)),
-                _age(info, now),
-                _ttl(info),
-                _cell(info.fence),
-            )
+        row = (
+            key_text(info.key),
+            _cell(info.host),
+            _cell(info.pid),
+            _cell(_task(info)),
+            _age(info, now),
+            _ttl(info),
+            _cell(info.fence),
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(line.rstrip() for line in lines)
+        rows.append(row + ((_kind(info),) * with_kind))
+    return _columns(rows)
 
 
 def holder_line(info: LockInfo) -> str:
@@ -123,14 +143,69 @@ def lock_details(
         rows.append(("acquired", f"unknown (the holder's metadata has at={written})"))
     rows.append(("ttl", "no TTL (never expires!)" if info.ttl_ms is None else f"{_ttl(info)} left"))
     rows.append(("fence", _cell(info.fence)))
+    rows.extend(_counter_rows(info.fence, counters, labels))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def _counter_rows(
+    fence: int | None, counters: Mapping[str, int | None], labels: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    rows = []
     for key, value in counters.items():
         label = labels.get(key, "")
         text = "not set" if value is None else str(value)
-        if value is not None and info.fence is not None and value < info.fence:
+        if value is not None and fence is not None and value < fence:
             text += " (BEHIND the held fence: the counter was lost, tokens will repeat)"
         rows.append((f"fence counter ({label})", f"{key_text(key)} = {text}"))
+    return rows
+
+
+def permit_list(permits: Sequence[LockInfo], most: int = 10) -> str:
+    """The permits on one line, for errors: their :func:`holder_line` joined by ``; ``, the
+    first ``most`` of them and how many more."""
+    shown = "; ".join(holder_line(p) for p in permits[:most])
+    if len(permits) > most:
+        shown += f"; and {len(permits) - most} more (`tasklock show` lists them all)"
+    return shown
+
+
+def semaphore_details(
+    key: str,
+    permits: Sequence[LockInfo],
+    counters: Mapping[str, int | None],
+    labels: Mapping[str, str],
+    now: float | None = None,
+) -> str:
+    """The ``show`` text of a Semaphore: its live permits (first to free first), each with its
+    holder, fence, age, time left and owner token (what ``release --token`` takes), and its
+    fence counter(s)."""
+    now = time.time() if now is None else now
+    fences = [p.fence for p in permits if p.fence is not None]
+    count = f"{len(permits)} live permit" + ("" if len(permits) == 1 else "s")
+    rows: list[tuple[str, str]] = [
+        ("key", key_text(key)),
+        ("kind", f"semaphore, {count} (its limit is the holders' setting, not kept in Redis)"),
+    ]
+    rows.extend(_counter_rows(max(fences, default=None), counters, labels))
     width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+    lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
+    table = [("FENCE", "HOST", "PID", "TASK", "AGE", "TTL", "TOKEN")]
+    for p in permits:
+        table.append(
+            (
+                _cell(p.fence),
+                _cell(p.host),
+                _cell(p.pid),
+                _cell(_task(p)),
+                _age(p, now),
+                _ttl(p),
+                printable(p.holder.token),
+            )
+        )
+    lines.append("permits, first to free first:")
+    lines.append(_columns(table, indent="  "))
+    return "\n".join(lines)
 
 
 _MARK = {Status.OK: "ok  ", Status.WARN: "WARN", Status.FAIL: "FAIL"}
