@@ -200,13 +200,14 @@ def _contend(port: int, rounds: int, threads: int, history: str) -> None:
     def one_thread() -> None:
         sem = tasklock.Semaphore(client, "pool", LIMIT, timeout=10)
         for _ in range(rounds):
+            requested = time.monotonic_ns()
             assert sem.acquire(blocking_timeout=60)
             start = time.monotonic_ns()
             time.sleep(0.002)  # the body's work
             end = time.monotonic_ns()
             fence = sem.fence
             sem.release()
-            log.record(Hold("pool", fence, start, end, os.getpid()))
+            log.record(Hold("pool", fence, start, end, os.getpid(), requested))
 
     workers = [threading.Thread(target=one_thread) for _ in range(threads)]
     for w in workers:
@@ -232,8 +233,9 @@ def test_processes_and_threads_never_exceed_the_limit(
 def _hold_until_killed(port: int, started: str) -> None:
     """Take a permit (renewed by the watchdog), say so, and hold it until SIGKILLed."""
     sem = tasklock.Semaphore(redis.Redis(port=port), "pool", LIMIT, timeout=1)
+    requested = time.monotonic_ns()
     assert sem.acquire(blocking_timeout=30)
-    Path(started).write_text(f"{time.monotonic_ns()} {sem.fence}")
+    Path(started).write_text(f"{requested} {time.monotonic_ns()} {sem.fence}")
     threading.Event().wait()
 
 
@@ -263,8 +265,8 @@ def test_killed_holders_permits_come_back_and_the_limit_holds(
     for proc, started in victims:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
-        start_text, fence_text = started.read_text().split()
-        log.record(Hold("pool", int(fence_text), int(start_text), time.monotonic_ns(), proc.pid))
+        requested, start, fence = map(int, started.read_text().split())
+        log.record(Hold("pool", fence, start, time.monotonic_ns(), proc.pid, requested))
     for proc in contenders:
         proc.join(120)
         assert proc.exitcode == 0

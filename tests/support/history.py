@@ -39,9 +39,10 @@ __all__ = [
 class Hold:
     name: str
     fence: int | None
-    start: int
-    end: int
+    start: int  # when the body began: after acquire() returned
+    end: int  # when the body ended: before release() was called
     pid: int
+    requested: int | None = None  # when acquire() was called (the hold began after this)
 
 
 class HistoryLog:
@@ -123,23 +124,28 @@ def assert_fences_increase(holds: Iterable[Hold]) -> None:
 
 def assert_later_holds_fenced_higher(holds: Iterable[Hold]) -> None:
     """For holds that may overlap (a semaphore's permits): fences are unique per name, and a hold
-    that began after another ended has the higher fence. (Overlapping holds may record their
-    starts in either order; only the server's order of acquisition is strictly increasing.)"""
+    requested after another had ended has the higher fence.
+
+    Needs ``requested`` on every hold: the server granted a hold somewhere between its request and
+    its recorded start, so only a request after another hold's recorded end proves the order (a
+    thread paused between acquire() returning and recording its start would otherwise seem to
+    begin after a later hold ended)."""
     by_name: dict[str, list[Hold]] = defaultdict(list)
     for hold in holds:
         by_name[hold.name].append(hold)
     for name, items in by_name.items():
         fences = [h.fence for h in items]
         assert all(f is not None for f in fences), f"a hold of {name!r} had no fence"
+        assert all(h.requested is not None for h in items), "record when each hold was requested"
         assert len(set(fences)) == len(fences), f"a fence of {name!r} was issued twice"
         ended = sorted(items, key=lambda h: h.end)
         highest_ended, i = -1, 0
-        for hold in sorted(items, key=lambda h: h.start):
-            while i < len(ended) and ended[i].end < hold.start:
+        for hold in sorted(items, key=lambda h: h.requested or 0):
+            while i < len(ended) and ended[i].end < (hold.requested or 0):
                 highest_ended = max(highest_ended, ended[i].fence or -1)
                 i += 1
             assert (hold.fence or -1) > highest_ended, (
-                f"hold of {name!r} (pid {hold.pid}) began after a hold with fence "
+                f"hold of {name!r} (pid {hold.pid}) was requested after a hold with fence "
                 f"{highest_ended} had ended, but got fence {hold.fence}"
             )
 
