@@ -304,10 +304,19 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         def body(extra: dict[str, Any]) -> Any:
             nonlocal started
             started = True
-            if extra:
-                setattr(request, "fence_token", next(iter(extra.values())))  # noqa: B010
-                return run(*args, **{**kwargs, **extra})
-            return run(*args, **kwargs)
+            try:
+                if extra:
+                    setattr(request, "fence_token", next(iter(extra.values())))  # noqa: B010
+                    return run(*args, **{**kwargs, **extra})
+                return run(*args, **kwargs)
+            except Retry as retry:
+                # The body asked for a retry (self.retry(), autoretry_for): with
+                # dedupe_enqueue="until_start" the retry is pending work again. Claimed here,
+                # while this attempt still holds the lock, so the retry cannot start first.
+                if not direct and request.id:
+                    when = retry.when if isinstance(retry.when, int | float) else 0.0
+                    guard.pending_again(args, kwargs, request.id, delay=float(when))
+                raise
 
         if direct:
             on_skip: Callable[[Duplicate], Any] = _skip_direct
@@ -319,6 +328,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
 
             def on_retry(duplicate: Duplicate) -> Any:
                 error = DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
+                if guard.options.dedupe_enqueue == "until_start" and not request.is_eager:
+                    raise self._tasklock_retry_queued(request, duplicate, error)
                 # Celery retries like any other: they count against max_retries, which also
                 # shapes the delays (the last retry allowed waits up to a TTL).
                 countdown = guard.retry_delay(
@@ -355,6 +366,29 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         if not direct:
             guard.clear_pending(args, kwargs, request.id)
         return result
+
+    def _tasklock_retry_queued(
+        self, request: Context, duplicate: Duplicate, error: DuplicateTask
+    ) -> Retry:
+        """Retry the queued run of ``dedupe_enqueue="until_start"`` until the running one is done.
+
+        It stands for every submission that returned its handle, so it must not run out of
+        retries while the run ahead of it lasts: this retry is always allowed (``max_retries``
+        is raised to it for this call only), and the delays double up to the TTL as for
+        ``max_retries=None``. The retries still count in ``request.retries``. Eager calls keep
+        Celery's limit: they retry at once, in a loop, with no worker to wait in.
+        """
+        countdown = self.tasklock_guard.retry_delay(duplicate, attempt=request.retries or 0)
+        overridden = "override_max_retries" in vars(self)
+        try:
+            return self.retry(
+                exc=error, countdown=countdown, max_retries=(request.retries or 0) + 1
+            )
+        finally:
+            # Task.retry leaves max_retries= on the (shared) task instance, where autoretry_for
+            # would read it for the next call of this task.
+            if not overridden:
+                vars(self).pop("override_max_retries", None)
 
     def _tasklock_skip(self, request: Context, duplicate: Duplicate) -> None:
         """Record the skip as the DUPLICATE state (where results are stored), then Ignore.

@@ -39,6 +39,9 @@ __all__ = [
 ON_DUPLICATE = ("skip", "raise", "retry", "wait")
 ON_WAIT_TIMEOUT = ("skip", "raise", "retry")
 ON_BACKEND_ERROR = ("raise", "run")
+#: The ``on_duplicate`` policies that keep a queued run of ``dedupe_enqueue="until_start"``: it
+#: meets the running one's lock by design, and must run after it, not be dropped.
+UNTIL_START_ON_DUPLICATE = ("wait", "retry")
 DEFAULT_FENCE_KEYWORD = "fence_token"
 #: The shortest ``ttl`` / ``pending_ttl``: the lock core's floor for a TTL (one millisecond, the
 #: unit Redis expires keys in).
@@ -84,6 +87,45 @@ class Problem:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_dedupe_enqueue(value: Any) -> bool:
+    # Compared by identity and type: 0 == False and 1 == True, but neither is a valid value.
+    return value is True or value is False or (isinstance(value, str) and value == "until_start")
+
+
+def until_start_problem(
+    on_duplicate: Any, wait_timeout: Any, on_wait_timeout: Any
+) -> tuple[str, str] | None:
+    """Why ``dedupe_enqueue="until_start"`` cannot work with these policies, with a hint; None
+    when it can.
+
+    "until_start" promises that a submission made while a run is in progress is not lost: it is
+    queued (or returns the queued twin's handle) and runs after the running one. That queued run
+    meets the running one's lock by design, so a policy that ends it there drops every trigger
+    it stands for: ``skip`` (silently) and ``raise`` (as a failure), and ``wait`` whose timeout
+    ends in ``skip`` or ``raise``.
+    """
+    if on_duplicate not in UNTIL_START_ON_DUPLICATE:
+        return (
+            f"dedupe_enqueue='until_start' needs on_duplicate='wait' or 'retry', got "
+            f"{on_duplicate!r}: the queued run meets the running one's lock by design, and "
+            f"{on_duplicate!r} would drop it (and every submission that returned its handle) "
+            "instead of running it after the running one",
+            "use on_duplicate='retry' (re-sent until the lock is free) or 'wait' (blocks a "
+            "worker slot until the release), or dedupe_enqueue=True to drop late submissions",
+        )
+    if on_duplicate == "wait" and wait_timeout is not None and on_wait_timeout != "retry":
+        return (
+            f"dedupe_enqueue='until_start' with on_duplicate='wait' and "
+            f"on_wait_timeout={on_wait_timeout!r}: a run in progress longer than "
+            f"wait_timeout={wait_timeout!r} s would make the queued run "
+            f"{'fail' if on_wait_timeout == 'raise' else 'be skipped'}, dropping every "
+            "submission that returned its handle",
+            "set on_wait_timeout='retry' (wait again later) or wait_timeout=None (wait as long "
+            "as it takes), or use on_duplicate='retry'",
+        )
+    return None
 
 
 def _url_problem(option: str, value: Any, *, single_server: bool = False) -> str | None:
@@ -185,9 +227,25 @@ def check_options(
             "W002",
             warning=True,
         )
-    for name in ("dedupe_enqueue", "watchdog"):
-        if name in options and not isinstance(get(name), bool):
-            bad(name, f"{name} must be True or False, got {get(name)!r}", "", "E004")
+    if "watchdog" in options and not isinstance(get("watchdog"), bool):
+        bad("watchdog", f"watchdog must be True or False, got {get('watchdog')!r}", "", "E004")
+    if "dedupe_enqueue" in options and not _is_dedupe_enqueue(get("dedupe_enqueue")):
+        bad(
+            "dedupe_enqueue",
+            f"dedupe_enqueue must be False, True or 'until_start', got {get('dedupe_enqueue')!r}",
+            "True keeps the enqueue marker until the run ends, 'until_start' until it starts",
+            "E004",
+        )
+    elif get("dedupe_enqueue") == "until_start":
+        # Policies this layer leaves out are the defaults here: a task (or a TASKLOCK) that asks
+        # for "until_start" must say how its queued run meets the running one.
+        problem = until_start_problem(
+            options.get("on_duplicate", DEFAULTS["on_duplicate"]),
+            options.get("wait_timeout", DEFAULTS["wait_timeout"]),
+            options.get("on_wait_timeout", DEFAULTS["on_wait_timeout"]),
+        )
+        if problem is not None:
+            bad("dedupe_enqueue", problem[0], problem[1], "E010")
     if get("watchdog") is False:
         bad(
             "watchdog",
@@ -277,7 +335,7 @@ class TaskOptions:
     wait_timeout: float | None = 30.0
     on_wait_timeout: str = "raise"
     fencing: bool | str = False
-    dedupe_enqueue: bool = False
+    dedupe_enqueue: bool | str = False
     pending_ttl: float = 3600.0
     watchdog: bool = True
     on_backend_error: str = "raise"
@@ -329,6 +387,25 @@ def _django() -> dict[str, Any]:
     return settings
 
 
+def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """Options that are fine in each layer but not together (a project's
+    ``DEDUPE_ENQUEUE="until_start"`` and a task's ``on_duplicate="skip"``): a ConfigurationError
+    naming where each value came from."""
+
+    def named(*names: str) -> str:
+        return ", ".join(
+            f"{name}={merged.get(name)!r} ({sources.get(name, 'defaults')})" for name in names
+        )
+
+    if merged.get("dedupe_enqueue") == "until_start":
+        problem = until_start_problem(
+            merged.get("on_duplicate"), merged.get("wait_timeout"), merged.get("on_wait_timeout")
+        )
+        if problem is not None:
+            where = named("dedupe_enqueue", "on_duplicate", "wait_timeout", "on_wait_timeout")
+            raise ConfigurationError(f"{problem[0]} [{where}] ({problem[1]})")
+
+
 def resolve_options(
     explicit: Mapping[str, Any], celery_conf: Mapping[str, Any] | None = None
 ) -> TaskOptions:
@@ -354,6 +431,7 @@ def resolve_options(
                 merged.pop("urls" if name == "url" else "url", None)
             merged[name] = value
             sources[name] = source
+    _check_merged(merged, sources)
     urls = merged.get("urls")
     return TaskOptions(
         ttl=float(merged["ttl"]),

@@ -9,6 +9,13 @@ An adapter (Celery, RQ) maps its hooks onto one :class:`Guard` per task:
   fence token, releases in ``finally``, and applies ``on_duplicate`` / ``on_backend_error``. The
   parts that differ per framework (what "skip" and "retry" mean) are callbacks.
 
+The enqueue-time marker names the pending task id. ``dedupe_enqueue=True`` keeps it until the run
+*ends* (the adapter clears it then): one at a time, nothing queued behind it.
+``dedupe_enqueue="until_start"`` clears it when the run *starts* (:meth:`Guard.run`, between
+taking the lock and calling the body): one running plus one queued. See :meth:`Guard.run` for
+why exactly there, and :meth:`Guard.keep_pending` / :meth:`Guard.pending_again` for how the
+queued run keeps its marker while it waits and when its body asks for a retry.
+
 Key layout (all of one task in one Redis Cluster slot, thanks to the ``{task name}`` hash tag)::
 
     <prefix>:{<task name>}:lock:<digest>      execution lock (gone after release)
@@ -25,12 +32,13 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from tasklock import stats
 from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
 from tasklock.core.backoff import backoff_ceiling, half_jitter
 from tasklock.core.base import BaseLock
+from tasklock.core.clock import clock
 from tasklock.core.connection import backend_errors, client_for_url
 from tasklock.core.lock import Lock
 from tasklock.core.owner import Holder
@@ -69,6 +77,10 @@ RETRY_FIRST_DELAY = 1.0
 
 #: A retry is due at least this long after the holder's key would expire on its own.
 _EXPIRY_GRACE = 0.25
+
+#: A run of ``dedupe_enqueue="until_start"`` that waits for the lock renews its marker at this
+#: fraction of ``pending_ttl`` (as the watchdog renews a lock at a third of its TTL).
+_PENDING_RENEW_FRACTION = 1 / 3
 
 
 def duplicate_retry_delay(
@@ -303,7 +315,7 @@ class Guard:
         """
         key = self.pending_key(args, kwargs)
         client = self._marker_client()
-        ttl_ms = int((self.options.pending_ttl + max(0.0, delay)) * 1000)
+        ttl_ms = self._pending_ttl_ms(delay)
         for _ in range(_CLAIM_ATTEMPTS):
             with backend_errors(client, f"marking {self.name} as pending"):
                 existing = CLAIM(client, (key,), (task_id, ttl_ms))
@@ -335,6 +347,91 @@ class Guard:
             lock_name=key,
         )
 
+    def keep_pending(
+        self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str, *, delay: float = 0.0
+    ) -> bool:
+        """Renew this call's marker while it waits to start (``dedupe_enqueue="until_start"``).
+
+        A queued run of "until_start" waits for the running one by design, for as long as that
+        runs: it renews its marker each time it meets the holder again (``"retry"``: before each
+        retry, for ``pending_ttl`` plus ``delay``; ``"wait"``: every third of ``pending_ttl``), so
+        the marker cannot expire under it and let another submission queue a second run behind
+        the running one. A marker that expired anyway (or was found stale) is claimed again:
+        this call has not started, so later submissions may rely on it. Returns whether the
+        marker names this call now; a marker another call holds is left alone (this call then
+        runs as well: one run more, never one lost). Never raises: it is bookkeeping, and the
+        marker's TTL is the backstop.
+        """
+        try:
+            key = self.pending_key(args, kwargs)
+            client = self._marker_client()
+            ttl_ms = self._pending_ttl_ms(delay)
+            with backend_errors(client, f"renewing the pending marker of {self.name}"):
+                existing = CLAIM(client, (key,), (task_id, ttl_ms))
+                if existing is not None:
+                    log.info(
+                        "%s: task %s waits to start, but the pending marker names task %r now "
+                        "(key=%s)",
+                        self.name,
+                        task_id,
+                        existing,
+                        key,
+                    )
+                    return False
+                # Ours (claimed again, or still ours): give it a full TTL from now. Only our own
+                # run deletes or replaces a marker that names a pending task, so it is still ours.
+                client.pexpire(key, ttl_ms)
+            return True
+        except Exception as exc:
+            log.warning("%s: could not renew pending marker: %s", self.name, exc)
+            return False
+
+    def pending_again(
+        self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str, *, delay: float = 0.0
+    ) -> None:
+        """A started run of ``dedupe_enqueue="until_start"`` will run again (its body asked for a
+        retry): claim the marker for it again, if no later submission holds it by now.
+
+        Call it while the run still holds the execution lock: the retry cannot start (and clear
+        the marker) before this claim, so the marker never names a run whose body has begun.
+        Submissions made from now on return the retry's handle; they are covered, since the
+        retry runs the body again from the start. Never raises.
+        """
+        if self.options.dedupe_enqueue != "until_start":
+            return
+        try:
+            key = self.pending_key(args, kwargs)
+            client = self._marker_client()
+            with backend_errors(client, f"marking {self.name} as pending again"):
+                CLAIM(client, (key,), (task_id, self._pending_ttl_ms(delay)))
+        except Exception as exc:
+            log.warning("%s: could not mark the retry as pending: %s", self.name, exc)
+
+    def _clear_at_start(self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str) -> None:
+        """``dedupe_enqueue="until_start"``: this run holds the lock; clear its marker before the
+        body begins. Fails closed like the acquire: the body does not run while the marker
+        still names it, since every submission returning its handle from then on would be lost
+        (``on_backend_error="run"`` runs it all the same, and logs)."""
+        key = self.pending_key(args, kwargs)
+        try:
+            client = self._marker_client()
+            with backend_errors(client, f"clearing the pending marker of {self.name}"):
+                DELETE_IF(client, (key,), (task_id,))
+        except BackendUnavailable as exc:
+            if self.options.on_backend_error != "run":
+                stats.increment("backend_error", self.name)
+                raise
+            log.warning(
+                "%s: running although the pending marker could not be cleared "
+                "(on_backend_error='run'); until it expires, submissions return this run's "
+                "handle: %s",
+                self.name,
+                exc,
+            )
+
+    def _pending_ttl_ms(self, delay: float) -> int:
+        return int((self.options.pending_ttl + max(0.0, delay)) * 1000)
+
     def clear_pending(
         self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str | None
     ) -> None:
@@ -365,10 +462,24 @@ class Guard:
         """Run ``body(extra_kwargs)`` under the execution lock, or apply the duplicate policy.
 
         ``extra_kwargs`` holds the fence token under the fencing keyword when fencing is on.
+
+        With ``dedupe_enqueue="until_start"`` (and a ``task_id``) the pending marker is cleared
+        after the lock is taken and before the body begins, and the body begins only once it is
+        cleared. That is the one point where the promise is exact:
+
+        * not earlier (when the run is picked up, or before the acquire): a run that then waits
+          for the lock would have let the next submission queue a second run behind the running
+          one (two queued), and a skipped or failed acquire would have dropped its marker;
+        * not later (inside or after the body): a submission made after the body began, which
+          may have read the old data, would get this run's handle and be lost.
+
+        So a submission that finds the marker gets the handle of a run whose body begins after
+        the submission; one that finds none queues the next run, which waits for this one.
         """
         args = tuple(args)
         options = self.options
         key = self.lock_key(args, kwargs)
+        until_start = task_id is not None and options.dedupe_enqueue == "until_start"
         lock: BaseLock | None = None
         try:
             # Inside the try: a cluster client connects when it is made, so an unreachable
@@ -394,7 +505,12 @@ class Guard:
                     acquired = lock.acquire(blocking=True, blocking_timeout=options.ttl)
                 elif options.on_duplicate == "wait":
                     waited = True
-                    acquired = lock.acquire(blocking=True, blocking_timeout=options.wait_timeout)
+                    if until_start:
+                        acquired = self._wait_pending(lock, args, kwargs, cast(str, task_id))
+                    else:
+                        acquired = lock.acquire(
+                            blocking=True, blocking_timeout=options.wait_timeout
+                        )
         except BackendUnavailable as exc:
             if options.on_backend_error != "run":
                 stats.increment("backend_error", self.name)
@@ -424,12 +540,38 @@ class Guard:
                 holder_ttl,
                 waited,
             )
+            if until_start and self._policy(duplicate) == "retry":
+                # The retry is sent for up to a TTL later (duplicate_retry_delay's ceiling).
+                self.keep_pending(
+                    args, kwargs, cast(str, task_id), delay=max(options.ttl, RETRY_FIRST_DELAY)
+                )
             return self._duplicate(duplicate, on_skip, on_retry, duplicate_error)
         try:
             stats.increment("acquired", self.name)
+            if until_start:
+                self._clear_at_start(args, kwargs, cast(str, task_id))
             return body(self._fence_kwargs(lock.fence))
         finally:
             self._release(lock)
+
+    def _wait_pending(
+        self, lock: BaseLock, args: tuple[Any, ...], kwargs: Mapping[str, Any], task_id: str
+    ) -> bool:
+        """``on_duplicate="wait"`` for a queued run of ``dedupe_enqueue="until_start"``: wait up
+        to ``wait_timeout`` (None: as long as it takes), renewing the marker every third of
+        ``pending_ttl`` so that it outlives a long run ahead of this one."""
+        options = self.options
+        renew = options.pending_ttl * _PENDING_RENEW_FRACTION
+        timeout = options.wait_timeout
+        deadline = None if timeout is None else clock.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - clock.monotonic())
+            step = renew if left is None else min(renew, left)
+            if lock.acquire(blocking=True, blocking_timeout=step):
+                return True
+            if left is not None and left <= renew:
+                return False
+            self.keep_pending(args, kwargs, task_id)
 
     def _fence_kwargs(self, fence: int | None) -> dict[str, Any]:
         return {self.fence_keyword: fence} if self.fence_keyword else {}
@@ -463,7 +605,7 @@ class Guard:
         on_retry: Callable[[Duplicate], R],
         duplicate_error: type[DuplicateTaskError],
     ) -> R:
-        policy = self.options.on_wait_timeout if duplicate.waited else self.options.on_duplicate
+        policy = self._policy(duplicate)
         stats.increment(f"duplicate_{policy}", self.name)
         log.info("%s -> %s", duplicate.message(), policy)
         if policy == "raise":
@@ -471,6 +613,9 @@ class Guard:
         if policy == "retry":
             return on_retry(duplicate)
         return on_skip(duplicate)
+
+    def _policy(self, duplicate: Duplicate) -> str:
+        return self.options.on_wait_timeout if duplicate.waited else self.options.on_duplicate
 
     def retry_delay(
         self, duplicate: Duplicate, *, attempt: int, max_retries: int | None = None

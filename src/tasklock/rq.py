@@ -248,12 +248,28 @@ class SingletonJob:
     def _body(
         self, job: Job, args: tuple[Any, ...], kwargs: dict[str, Any], extra: dict[str, Any]
     ) -> Any:
+        call_kwargs = kwargs
         if extra:
             self._record(job, outcome="ran", fence=extra[cast(str, self.guard.fence_keyword)])
-            kwargs = {**kwargs, **extra}
+            call_kwargs = {**kwargs, **extra}
         elif META_KEY in job.meta:  # an earlier attempt met a duplicate: say that it ran now
             self._record(job, outcome="ran")
-        return self.func(*args, **kwargs)
+        try:
+            result = self.func(*args, **call_kwargs)
+        except BaseException:
+            if _will_retry(job):
+                self._pending_again(job, args, kwargs)
+            raise
+        if isinstance(result, Retry):
+            self._pending_again(job, args, kwargs)
+        return result
+
+    def _pending_again(self, job: Job, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The body ended and RQ will run this job again (``retry=Retry(...)`` with retries left,
+        or the body returned ``rq.Retry``): with ``dedupe_enqueue="until_start"`` the job is
+        pending work again. Claimed here, while this run still holds the lock, so the retry
+        cannot start (and clear it) first."""
+        self.guard.pending_again(args, kwargs, job.id)
 
     def _skip(self, job: Job, failed_skips: list[DuplicateJob], duplicate: Duplicate) -> None:
         """Finish without the body; a job with dependents first makes them wait for the twin.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
@@ -48,7 +49,7 @@ EXAMPLE = '{"URL": "redis://localhost:6379/0", "TTL": 30}'
 # Hints for problems that tasklock.config reports without one: every check message has a hint.
 _FALLBACK_HINTS = {
     "wait_timeout": "seconds to wait for the running twin, e.g. 30",
-    "dedupe_enqueue": "use True or False",
+    "dedupe_enqueue": "use True, False or 'until_start'",
     "watchdog": "use True or False",
     "key_prefix": "a short name for the project, e.g. 'myproject'",
     "urls": "three or five independent masters, e.g. "
@@ -84,6 +85,15 @@ def _unknown_key(key: Any) -> Problem:
     return Problem(str(key), message, hint, "E001")
 
 
+#: Problems about how several options combine: every option they name is a TASKLOCK key.
+_COMBINATIONS = frozenset({"E010"})
+_OPTION_WORD = re.compile(r"\b(" + "|".join(sorted(OPTION_NAMES, key=len, reverse=True)) + r")\b")
+
+
+def _upper(match: re.Match[str]) -> str:
+    return match.group(0).upper()
+
+
 def _in_setting_terms(problem: Problem, prefix: str) -> Problem:
     """Name the TASKLOCK key the user wrote ("TASKLOCK['TTL']: TTL must be ...")."""
     body = problem.message.removeprefix(prefix)
@@ -91,6 +101,8 @@ def _in_setting_terms(problem: Problem, prefix: str) -> Problem:
     hint = problem.hint or _FALLBACK_HINTS.get(option, "see the options table in the README")
     if problem.code == "E007":
         body, hint = "URL and URLS are both set", "keep URL for one Redis or URLS for Redlock"
+    elif problem.code in _COMBINATIONS:  # about several keys: name each as the setting does
+        body, hint = _OPTION_WORD.sub(_upper, body), _OPTION_WORD.sub(_upper, hint)
     elif body.startswith(option):  # "ttl must be ..." -> "TTL must be ..."
         body = key + body[len(option) :]
     elif body.startswith(repr(option)):  # "'key' describes ..." -> "KEY describes ..."
