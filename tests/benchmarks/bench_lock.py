@@ -28,7 +28,6 @@ import random
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -44,7 +43,7 @@ import redis_lock  # noqa: E402
 import tasklock  # noqa: E402
 from tasklock.core.keys import wake_channel  # noqa: E402
 from tasklock.core.watchdog import get_watchdog  # noqa: E402
-from tests.benchmarks.interleave import lock_cycle, measure, print_ratios  # noqa: E402
+from tests.benchmarks.interleave import floor_cycle, lock_cycle, measure, print_ratios  # noqa: E402
 from tests.support.servers import start_servers  # noqa: E402
 
 TTL_MS = 30_000
@@ -62,19 +61,13 @@ def client_for(port: int) -> redis.Redis:
 
 
 def cycle_variants(r: redis.Redis) -> dict[str, Callable[[], None]]:
-    token = uuid.uuid4().hex
-
-    def floor() -> None:
-        r.set("bench:floor", token, nx=True, px=TTL_MS)
-        r.delete("bench:floor")
-
     explicit = tasklock.Lock(r, "bench:explicit", timeout=30)
     default = tasklock.Lock(r, "bench:default")
     redis_py = r.lock("bench:redis-py", timeout=30)
     prl = redis_lock.Lock(r, "bench:prl", expire=30)
 
     return {
-        FLOOR: floor,
+        FLOOR: floor_cycle(r, ttl_ms=TTL_MS),
         EXPLICIT: lock_cycle(explicit),
         DEFAULT: lock_cycle(default),
         REDIS_PY: lock_cycle(redis_py),

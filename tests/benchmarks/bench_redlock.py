@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,7 +34,7 @@ from pottery import Redlock as PotteryRedlock  # noqa: E402
 
 from tasklock.core.fanout import Op, fan_out, node_for  # noqa: E402
 from tasklock.core.redlock import Redlock  # noqa: E402
-from tests.benchmarks.interleave import lock_cycle, measure, print_ratios  # noqa: E402
+from tests.benchmarks.interleave import floor_cycle, lock_cycle, measure, print_ratios  # noqa: E402
 from tests.support.servers import start_servers  # noqa: E402
 
 FLOOR = "floor: SET NX PX + DEL, 1 node"
@@ -45,19 +44,12 @@ POTTERY = "pottery.Redlock(30 s)"
 
 
 def cycle_variants(clients: list[redis.Redis]) -> dict[str, Callable[[], None]]:
-    token = uuid.uuid4().hex
-    first = clients[0]
-
-    def floor() -> None:
-        first.set("bench:floor", token, nx=True, px=30_000)
-        first.delete("bench:floor")
-
     explicit = Redlock(clients, "bench:explicit", timeout=30)
     default = Redlock(clients, "bench:default")
     pottery = PotteryRedlock(key="bench:pottery", masters=set(clients), auto_release_time=30)
 
     return {
-        FLOOR: floor,
+        FLOOR: floor_cycle(clients[0]),
         EXPLICIT: lock_cycle(explicit),
         DEFAULT: lock_cycle(default),
         POTTERY: lock_cycle(pottery),

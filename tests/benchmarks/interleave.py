@@ -10,10 +10,22 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lock_cycle", "measure", "print_ratios"]
+__all__ = ["floor_cycle", "lock_cycle", "measure", "paired_ratio", "print_ratios"]
+
+
+def floor_cycle(client: Any, key: str = "bench:floor", ttl_ms: int = 30_000) -> Callable[[], None]:
+    """The floor of a lock cycle: two bare round trips on ``client`` (``SET NX PX``, ``DEL``)."""
+    token = uuid.uuid4().hex
+
+    def run() -> None:
+        client.set(key, token, nx=True, px=ttl_ms)
+        client.delete(key)
+
+    return run
 
 
 def lock_cycle(lock: Any) -> Callable[[], None]:
@@ -32,7 +44,12 @@ def measure(
     counts: Mapping[str, int],
     rounds: int,
     warmup: Mapping[str, int],
+    *,
+    samples: dict[str, list[float]] | None = None,
 ) -> dict[str, dict[str, float]]:
+    """Per variant: median and best wall-clock and median CPU microseconds per call. With
+    ``samples``, also fill it with each variant's wall-clock microseconds of every round, in
+    round order (see :func:`paired_ratio`)."""
     for name, run in variants.items():  # warm up: connections, script loads, caches
         for _ in range(warmup[name]):
             run()
@@ -48,6 +65,8 @@ def measure(
                 run()
             wall[name].append((time.perf_counter_ns() - start) / count / 1000)
             cpu[name].append((time.process_time_ns() - cpu_start) / count / 1000)
+    if samples is not None:
+        samples.update(wall)
     return {
         name: {
             "median": statistics.median(wall[name]),
@@ -56,6 +75,14 @@ def measure(
         }
         for name in variants
     }
+
+
+def paired_ratio(samples: Mapping[str, list[float]], name: str, base: str) -> float:
+    """The median over rounds of ``name``'s time / ``base``'s time in the same round.
+
+    Steadier than the ratio of the two medians on a machine whose speed moves for seconds at a
+    time (each round runs every variant back to back, so both sides of a round share it)."""
+    return statistics.median(a / b for a, b in zip(samples[name], samples[base], strict=True))
 
 
 def print_ratios(
