@@ -55,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "on_wait_timeout": "raise",
     "fencing": False,
     "dedupe_enqueue": False,
+    "limit": 1,
     "pending_ttl": 3600.0,
     "watchdog": True,
     "on_backend_error": "raise",
@@ -87,6 +88,10 @@ class Problem:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_limit(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _is_dedupe_enqueue(value: Any) -> bool:
@@ -135,6 +140,18 @@ def _url_problem(option: str, value: Any, *, single_server: bool = False) -> str
     except ConfigurationError as exc:
         return str(exc)
     return None
+
+
+#: Why ``limit`` > 1 is refused with ``urls`` (Redlock).
+REDLOCK_LIMIT_PROBLEM = (
+    "limit={limit} with urls (Redlock) is refused: permits counted on a quorum of independent "
+    "masters are no limit, since each holder takes a permit on a majority of the masters only, "
+    "and holders that each see a different majority can be up to 2 x limit - 1 at once"
+)
+REDLOCK_LIMIT_HINT = (
+    "use url= (one Redis, or a Redis Cluster or Sentinel URL) for a task with limit > 1, or "
+    "keep limit=1 with urls"
+)
 
 
 def check_options(
@@ -246,6 +263,15 @@ def check_options(
         )
         if problem is not None:
             bad("dedupe_enqueue", problem[0], problem[1], "E010")
+    if "limit" in options and not _is_limit(get("limit")):
+        bad(
+            "limit",
+            f"limit must be a whole number >= 1 (bodies at once per key), got {get('limit')!r}",
+            "e.g. limit=3; limit=1 (the default) is one at a time",
+            "E011",
+        )
+    elif _is_limit(get("limit")) and get("limit") > 1 and get("urls") is not None:
+        bad("limit", REDLOCK_LIMIT_PROBLEM.format(limit=get("limit")), REDLOCK_LIMIT_HINT, "E012")
     if get("watchdog") is False:
         bad(
             "watchdog",
@@ -336,6 +362,7 @@ class TaskOptions:
     on_wait_timeout: str = "raise"
     fencing: bool | str = False
     dedupe_enqueue: bool | str = False
+    limit: int = 1
     pending_ttl: float = 3600.0
     watchdog: bool = True
     on_backend_error: str = "raise"
@@ -389,8 +416,8 @@ def _django() -> dict[str, Any]:
 
 def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     """Options that are fine in each layer but not together (a project's
-    ``DEDUPE_ENQUEUE="until_start"`` and a task's ``on_duplicate="skip"``): a ConfigurationError
-    naming where each value came from."""
+    ``DEDUPE_ENQUEUE="until_start"`` and a task's ``on_duplicate="skip"``, a task's ``limit=3``
+    and a project's ``URLS``): a ConfigurationError naming where each value came from."""
 
     def named(*names: str) -> str:
         return ", ".join(
@@ -404,6 +431,12 @@ def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None
         if problem is not None:
             where = named("dedupe_enqueue", "on_duplicate", "wait_timeout", "on_wait_timeout")
             raise ConfigurationError(f"{problem[0]} [{where}] ({problem[1]})")
+    limit = merged.get("limit", 1)
+    if limit > 1 and merged.get("urls") is not None:
+        raise ConfigurationError(
+            f"{REDLOCK_LIMIT_PROBLEM.format(limit=limit)} [{named('limit', 'urls')}] "
+            f"({REDLOCK_LIMIT_HINT})"
+        )
 
 
 def resolve_options(
@@ -441,6 +474,7 @@ def resolve_options(
         on_wait_timeout=merged["on_wait_timeout"],
         fencing=merged["fencing"],
         dedupe_enqueue=merged["dedupe_enqueue"],
+        limit=int(merged["limit"]),
         pending_ttl=float(merged["pending_ttl"]),
         watchdog=merged["watchdog"],
         on_backend_error=merged["on_backend_error"],

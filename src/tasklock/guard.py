@@ -18,7 +18,8 @@ queued run keeps its marker while it waits and when its body asks for a retry.
 
 Key layout (all of one task in one Redis Cluster slot, thanks to the ``{task name}`` hash tag)::
 
-    <prefix>:{<task name>}:lock:<digest>      execution lock (gone after release)
+    <prefix>:{<task name>}:lock:<digest>      execution lock (gone after release); with
+                                              limit > 1, the sorted set of its permits
     <prefix>:{<task name>}:pending:<digest>   enqueue-time marker, holds the pending task id
     <prefix>:{<task name>}:fence              fence counter, one per task name
 """
@@ -34,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+import redis
+
 from tasklock import stats
 from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
 from tasklock.core.backoff import backoff_ceiling, half_jitter
@@ -43,6 +46,7 @@ from tasklock.core.connection import backend_errors, client_for_url
 from tasklock.core.lock import Lock
 from tasklock.core.owner import Holder
 from tasklock.core.scripts import CLAIM, DELETE_IF
+from tasklock.core.semaphore import Semaphore
 from tasklock.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -134,17 +138,25 @@ def duplicate_retry_delay(
 
 @dataclass(frozen=True)
 class Duplicate:
-    """A call that found its twin holding the lock."""
+    """A call that found its twin holding the lock (with ``limit`` > 1: every permit taken; the
+    holder named is the one whose permit frees first)."""
 
     task_name: str
     key: str
     holder: str
     holder_ttl: float | None
     waited: bool = False
+    limit: int = 1
 
     def message(self) -> str:
         ttl = "unknown" if self.holder_ttl is None else f"{self.holder_ttl:.1f}s"
         how = "after waiting, " if self.waited else ""
+        if self.limit > 1:
+            return (
+                f"{self.task_name}: {how}all {self.limit} calls allowed at once with the same "
+                f"key are running (key={self.key}, first to free: {self.holder}, its TTL left: "
+                f"{ttl})"
+            )
         return (
             f"{self.task_name}: {how}a call with the same key is running "
             f"(key={self.key}, holder: {self.holder}, lock TTL left: {ttl})"
@@ -152,7 +164,7 @@ class Duplicate:
 
     def as_meta(self) -> dict[str, Any]:
         """JSON-friendly description for task state / job meta."""
-        return {
+        meta = {
             "reason": "duplicate",
             "task": self.task_name,
             "key": self.key,
@@ -160,6 +172,36 @@ class Duplicate:
             "holder_ttl": self.holder_ttl,
             "waited": self.waited,
         }
+        if self.limit > 1:
+            meta["limit"] = self.limit
+        return meta
+
+
+def _look(lock: BaseLock) -> tuple[Holder | None, float | None]:
+    """Who holds ``lock``'s key (a Semaphore: the permit that frees first), and its TTL left.
+
+    A Lock (``limit=1``) whose key holds a Semaphore's permits (workers of a deployment with
+    another ``limit`` still run) reads them as a Semaphore does: ``Lock.peek`` reads the key as
+    a string, which Redis refuses for the permits' sorted set (WRONGTYPE).
+    """
+    try:
+        return lock.peek()
+    except redis.ResponseError as exc:
+        if not isinstance(lock, Lock) or isinstance(lock, Semaphore):
+            raise
+        if "WRONGTYPE" not in str(exc):
+            raise
+        return Semaphore(lock.redis, lock.name, 1).peek()
+
+
+def _held_by(lock: BaseLock, holder: Holder, task_id: str) -> bool:
+    """Whether task ``task_id`` (an earlier attempt of this very call) holds ``lock``: the holder
+    looked at, or with a Semaphore any of its permits."""
+    if holder.meta.get("task") == task_id:
+        return True
+    if isinstance(lock, Semaphore):
+        return any(h.meta.get("task") == task_id for h, _ in lock.holders())
+    return False
 
 
 _guards: weakref.WeakSet[Guard] = weakref.WeakSet()
@@ -257,7 +299,15 @@ class Guard:
         return f"{self._base()}:fence"
 
     def lock_for(self, key: str, task_id: str | None = None) -> BaseLock:
-        """The execution lock object for ``key`` (Redlock when ``urls`` is configured)."""
+        """The execution lock object for ``key``: a :class:`~tasklock.Lock` (a Redlock when
+        ``urls`` is configured), or with ``limit`` > 1 a :class:`~tasklock.Semaphore` of that
+        many permits at the same key (never with ``urls``: validation refuses that).
+
+        A Lock and a Semaphore on one key exclude each other, so a deployment that moves a
+        task's ``limit`` between 1 and N never runs more bodies than either allows while old and
+        new workers overlap: a Lock held by the old ones counts as every permit taken, and
+        permits held count as the lock taken.
+        """
         options = self.options
         owner = {"task": task_id, "name": self.name} if task_id else {"name": self.name}
         common: dict[str, Any] = {
@@ -267,6 +317,8 @@ class Guard:
             "on_lost": self._on_lost,
             "owner_info": owner,
         }
+        if options.limit > 1:
+            return Semaphore(self._client(), key, options.limit, **common)
         if options.urls:
             from tasklock.core.redlock import Redlock
 
@@ -492,14 +544,14 @@ class Guard:
             for _ in range(_FREE_RETRIES):
                 if acquired:
                     break
-                holder, holder_ttl = lock.peek()
+                holder, holder_ttl = _look(lock)
                 if holder is not None:
                     break
                 # Released between our attempt and the look: the lock is free, so this call is
                 # no duplicate. Try again rather than skip work while nothing runs.
                 acquired = lock.acquire(blocking=False)
             if not acquired:
-                if task_id and holder is not None and holder.meta.get("task") == task_id:
+                if task_id and holder is not None and _held_by(lock, holder, task_id):
                     # Our own earlier attempt (Celery's self.retry sends the retry before the
                     # attempt's finally runs): it is releasing now, so wait for it.
                     acquired = lock.acquire(blocking=True, blocking_timeout=options.ttl)
@@ -539,6 +591,7 @@ class Guard:
                 holder.describe() if holder is not None else "unknown (released just now)",
                 holder_ttl,
                 waited,
+                options.limit,
             )
             if until_start and self._policy(duplicate) == "retry":
                 # The retry is sent for up to a TTL later (duplicate_retry_delay's ceiling).
@@ -594,7 +647,7 @@ class Guard:
     @staticmethod
     def _peek(lock: BaseLock) -> tuple[Holder | None, float | None]:
         try:
-            return lock.peek()
+            return _look(lock)
         except BackendUnavailable:
             return None, None
 

@@ -1,5 +1,6 @@
-"""Django's ``TASKLOCK`` for "one running + one queued": ``DEDUPE_ENQUEUE = "until_start"``, its
-system check (``tasklock.E010``) and the same validation at first use, where checks do not run.
+"""Django's ``TASKLOCK`` for ``LIMIT`` (checks ``tasklock.E011``, ``E012``) and "one running + one
+queued" (``DEDUPE_ENQUEUE = "until_start"``, check ``tasklock.E010``), and the same validation at
+first use, where checks do not run.
 
 Django is configured as in ``test_django.py`` (``tests/django_project``, without ``TASKLOCK``);
 each test sets ``TASKLOCK`` with ``override_settings``.
@@ -19,6 +20,7 @@ from tasklock.errors import ConfigurationError
 from tasklock.guard import Guard
 
 URL = "redis://cache.internal:6379/0"
+REDLOCK = ["redis://n1:6379/0", "redis://n2:6379/0", "redis://n3:6379/0"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,3 +112,44 @@ def test_a_task_policy_that_drops_the_queued_run_fails_at_first_use_naming_both_
     message = str(failure.value)
     assert "dedupe_enqueue='until_start' (Django TASKLOCK)" in message
     assert "on_duplicate='skip' (task options)" in message
+
+
+# -- LIMIT ---------------------------------------------------------------------------------------
+def test_limit_is_a_valid_setting() -> None:
+    assert messages({"URL": URL, "LIMIT": 4}) == []
+    with override_settings(TASKLOCK={"URL": URL, "LIMIT": 4}):
+        options = config.resolve_options({})
+        assert (options.limit, options.sources["limit"]) == (4, "Django TASKLOCK")
+        assert config.resolve_options({"limit": 1}).limit == 1  # the task's own wins
+
+
+@pytest.mark.parametrize("value", [0, -2, True, 2.5, "3"])
+def test_a_limit_that_is_no_whole_number_from_one_is_e011(value: Any) -> None:
+    [(check_id, message, hint)] = messages({"URL": URL, "LIMIT": value})
+    assert check_id == "tasklock.E011"
+    assert message == (
+        f"TASKLOCK['LIMIT']: LIMIT must be a whole number >= 1 (bodies at once per key), "
+        f"got {value!r}"
+    )
+    assert hint
+
+
+def test_limit_with_urls_is_e012_saying_why() -> None:
+    [(check_id, message, hint)] = messages({"URLS": REDLOCK, "LIMIT": 3})
+    assert check_id == "tasklock.E012"
+    assert message.startswith("TASKLOCK['LIMIT']: LIMIT=3 with URLS (Redlock) is refused")
+    assert "a majority of the masters only" in message
+    assert hint.startswith("use URL=")
+    assert messages({"URLS": REDLOCK, "LIMIT": 1}) == []
+
+
+def test_a_task_limit_with_the_projects_urls_fails_at_first_use_naming_both_sources() -> None:
+    guard = Guard(report, "shop.report", {"limit": 3})
+    with (
+        override_settings(TASKLOCK={"URLS": REDLOCK}),
+        pytest.raises(ConfigurationError) as failure,
+    ):
+        guard.options  # noqa: B018
+    message = str(failure.value)
+    assert "limit=3 (task options)" in message
+    assert "(Django TASKLOCK)" in message

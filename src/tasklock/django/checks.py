@@ -21,7 +21,7 @@ from tasklock.django.settings import inspect_setting
 
 __all__ = ["CHECK_IDS", "check_tasklock_setting", "to_message"]
 
-#: id -> what it means. E001-E008, E010 and W001-W003 come from
+#: id -> what it means. E001-E008, E010-E012 and W001-W003 come from
 #: ``tasklock.config.check_options`` (the same codes name the same mistakes in task options);
 #: E009 is Django's own. A TTL the lock core would refuse (under 0.001 s) is E002, an error: as a
 #: warning it let every task fail at run time; W001 is left for a TTL that works but is shorter
@@ -41,6 +41,8 @@ CHECK_IDS: dict[str, str] = {
     "tasklock.E009": "TASKLOCK is not a dict",
     "tasklock.E010": "DEDUPE_ENQUEUE='until_start' with an ON_DUPLICATE (or, with 'wait', an "
     "ON_WAIT_TIMEOUT) that would drop the queued run",
+    "tasklock.E011": "LIMIT is not a whole number >= 1",
+    "tasklock.E012": "LIMIT > 1 with URLS (Redlock): a semaphore by quorum is no limit",
     "tasklock.W001": "TTL from 0.001 up to 1 second: legal, but easily lost to a pause "
     "(under 0.001 s is E002)",
     "tasklock.W002": "ON_BACKEND_ERROR='run': tasks run unlocked while Redis is unreachable",

@@ -86,7 +86,7 @@ def _unknown_key(key: Any) -> Problem:
 
 
 #: Problems about how several options combine: every option they name is a TASKLOCK key.
-_COMBINATIONS = frozenset({"E010"})
+_COMBINATIONS = frozenset({"E010", "E012"})
 _OPTION_WORD = re.compile(r"\b(" + "|".join(sorted(OPTION_NAMES, key=len, reverse=True)) + r")\b")
 
 

@@ -1,5 +1,6 @@
 """The Celery app that the ``celery worker --pool=prefork`` subprocess of ``test_limits.py`` runs:
-``dedupe_enqueue="until_start"`` ("one running + one queued").
+``limit=N`` (N bodies at once per key) and ``dedupe_enqueue="until_start"`` ("one running + one
+queued").
 
 Configured from the environment the test gives the worker:
 
@@ -88,3 +89,19 @@ def retries_itself(self: Any, name: str) -> int:
     if attempt == 1:
         raise self.retry(countdown=60)
     return attempt
+
+
+# -- limit=N -------------------------------------------------------------------------------------
+@singleton_task(
+    app=app, name="l.three_wait", key=["tenant"], limit=3, on_duplicate="wait", wait_timeout=60,
+    fencing=True,
+)  # fmt: skip
+def three_wait(tenant: str, call: int, fence_token: int | None = None) -> Any:
+    """Three at a time per tenant; a fourth waits for a permit."""
+    return gated("l.three_wait", tenant, fence_token)
+
+
+@singleton_task(app=app, name="l.two_skip", key=["tenant"], limit=2, fencing=True)
+def two_skip(tenant: str, call: int, fence_token: int | None = None) -> Any:
+    """Two at a time per tenant; a third is skipped (state DUPLICATE)."""
+    return gated("l.two_skip", tenant, fence_token)

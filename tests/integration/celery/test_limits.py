@@ -1,5 +1,6 @@
-"""``dedupe_enqueue="until_start"`` under a real ``celery worker --pool=prefork`` subprocess:
-"one running + one queued", proven from the submissions' task ids and the recorded holds.
+"""``limit=N`` and ``dedupe_enqueue="until_start"`` under a real ``celery worker --pool=prefork``
+subprocess: N bodies at once per key (never more, and N did run at once), and "one running + one
+queued", proven from the recorded holds and the task ids the submissions got.
 
 One worker (4 children) serves the module; every test uses its own keys, so nothing is flushed
 between tests (kombu keeps its bindings in the same Redis).
@@ -16,9 +17,11 @@ import pytest
 import redis
 from celery.result import AsyncResult
 
+from tasklock.celery import DUPLICATE
+from tasklock.core.keys import wake_channel
 from tests.integration.celery import limits_app
 from tests.integration.celery.support import WorkerProcess
-from tests.support.history import HistoryLog, Hold, assert_no_overlap
+from tests.support.history import HistoryLog, Hold, assert_at_most, assert_no_overlap
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
 
@@ -81,6 +84,58 @@ def count_renewals(rc: redis.Redis, key: str, count: int) -> None:
     eventually(renewed, timeout=30, interval=0.01, what=f"{count} renewals of {key}")
 
 
+def waiting_for_a_permit(rc: redis.Redis, task: Any, *args: Any) -> None:
+    """Wait until a call of ``task`` waits for the key of this call (it listens for a release)."""
+    channel = wake_channel(task.tasklock_guard.lock_key(args, {}))
+    eventually(
+        lambda: rc.pubsub_numsub(channel)[0][1] > 0,
+        timeout=30,
+        what=f"a call of {task.name} waiting for a permit",
+    )
+
+
+# -- limit=N --------------------------------------------------------------------------------------
+def test_limit_with_wait_runs_n_at_a_time_and_the_rest_after(
+    rc: redis.Redis, directory: Path
+) -> None:
+    task, started = limits_app.three_wait, "started:l.three_wait:t1"
+    calls = [task.delay("t1", call) for call in range(8)]
+    # Four pool children take four calls: three hold the permits, the fourth waits for one.
+    eventually(lambda: rc.llen(started) >= 3, timeout=30, what="three bodies running")
+    waiting_for_a_permit(rc, task, "t1", 0)
+    assert rc.llen(started) == 3, "a fourth body began while three were running"
+
+    rc.set("go:l.three_wait:t1", 1)
+    fences = [call.get(timeout=60) for call in calls]
+    assert len(set(fences)) == 8
+    holds = holds_of(directory, "l.three_wait", "t1")
+    assert len(holds) == 8
+    assert len({h.pid for h in holds}) > 1  # really spread over the pool's children
+    assert assert_at_most(holds, 3) == 3  # never more than three at once, and three did run
+    assert not rc.exists(task.tasklock_guard.lock_key(("t1", 0), {}))  # every permit released
+
+
+def test_limit_with_skip_skips_a_call_while_n_run(rc: redis.Redis, directory: Path) -> None:
+    task, started = limits_app.two_skip, "started:l.two_skip:t2"
+    running = [task.delay("t2", call) for call in range(2)]
+    eventually(lambda: rc.llen(started) >= 2, timeout=30, what="two bodies running")
+
+    skipped = task.delay("t2", 2)
+    eventually(lambda: skipped.state == DUPLICATE, timeout=30, what="the third call skipped")
+    info = skipped.info
+    assert (info["reason"], info["limit"]) == ("duplicate", 2)
+    assert "l.two_skip" in info["holder"]  # the permit that frees first
+    assert rc.llen(started) == 2
+
+    rc.set("go:l.two_skip:t2", 1)
+    assert all(call.get(timeout=30) is not None for call in running)
+    assert task.delay("t2", 3).get(timeout=30) is not None  # a permit is free again: it runs
+    holds = holds_of(directory, "l.two_skip", "t2")
+    assert len(holds) == 3
+    assert assert_at_most(holds, 2) == 2
+
+
+# -- dedupe_enqueue="until_start" ----------------------------------------------------------------
 def one_running_one_queued(
     rc: redis.Redis, directory: Path, task: Any, name: str, *, while_queued: Any
 ) -> None:

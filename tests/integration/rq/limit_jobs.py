@@ -1,9 +1,9 @@
-"""Job functions for ``test_rq_limits.py``: ``dedupe_enqueue="until_start"`` ("one running + one
-queued") in forking ``rq worker`` subprocesses and in the in-process worker.
+"""Job functions for ``test_rq_limits.py``: ``limit=N`` and ``dedupe_enqueue="until_start"``
+("one running + one queued") in forking ``rq worker`` subprocesses and in the in-process worker.
 
 A gated body announces its start (``started:<job>:<name>``, a list of fences), then runs until the
 test sets ``go:<job>:<name>``, and records its hold (start, end, fence, pid) in the history file it
-is given. Only ``name`` is part of the key.
+is given. Only the first argument (``name``, ``tenant``) is part of the key.
 """
 
 from __future__ import annotations
@@ -31,6 +31,18 @@ def gated(job_name: str, name: str, history: str, fence_token: int | None) -> in
         Hold(f"{job_name}:{name}", fence_token, start, time.monotonic_ns(), os.getpid())
     )
     return fence_token
+
+
+@singleton_job(key=["tenant"], limit=2, on_duplicate="wait", wait_timeout=60, fencing=True)
+def two_wait(tenant: str, call: int, history: str, fence_token: int | None = None) -> Any:
+    """Two at a time per tenant; a third waits in its work horse for a permit."""
+    return gated("two_wait", tenant, history, fence_token)
+
+
+@singleton_job(key=["tenant"], limit=2, fencing=True)
+def two_skip(tenant: str, call: int, history: str, fence_token: int | None = None) -> Any:
+    """Two at a time per tenant; a third finishes without running (``job.meta["tasklock"]``)."""
+    return gated("two_skip", tenant, history, fence_token)
 
 
 @singleton_job(
