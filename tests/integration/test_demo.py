@@ -105,6 +105,26 @@ def check_burst(out: str, section: str, skipped_where: str) -> None:
     assert all(line.endswith("write accepted") for line in ran_lines), body
 
 
+def check_limits_scene(out: str) -> None:
+    """The fourth scene: four exports two at a time, and ten submissions during a refresh queue
+    exactly one more run (its handle for the other nine), which runs after the first."""
+    scene = out.split('4. limit=2 and dedupe_enqueue="until_start"', 1)[1].split("\n\n", 1)[0]
+    for runner in ("Celery", "RQ"):
+        assert re.search(
+            rf"{runner} +4 x export\(9\), limit=2 +-> 4 ran, at most [12] at once", scene
+        ), scene
+    assert re.search(
+        r"Celery +10 x \.delay\(8\) +while refresh\(8\) runs -> 1 more task \(\w+\), the other 9 "
+        r"got its handle; it ran after the first",
+        scene,
+    ), scene
+    assert re.search(
+        r"RQ +10 x \.enqueue\(queue, 8\) +while refresh\(8\) runs -> 1 more job \(\w+\), the "
+        r"other 9 got its handle; it ran after the first",
+        scene,
+    ), scene
+
+
 def increasing(chain: str) -> list[int]:
     fences = [int(f) for f in chain.split(" < ")]
     assert fences == sorted(set(fences)), chain
@@ -144,6 +164,7 @@ def test_demo_runs_real_workers_and_cleans_up(tmp_path: Path) -> None:
     celery_fences, rq_fences = increasing(chains.group(1)), increasing(chains.group(2))
     assert len(celery_fences) == len(re.findall(r"ran +settle", out.split("2. RQ:")[0]))
     assert len(rq_fences) == len(re.findall(r"ran +settle", out.split("2. RQ:")[1]))
+    check_limits_scene(out)
     assert out.rstrip().endswith("removed the temp files."), out
     assert_cleaned_up(tmp_path, out)
 

@@ -15,7 +15,7 @@ from celery import Celery
 from tasklock.celery import singleton_task
 from tasklock.demo import ledger
 
-__all__ = ["app", "celery_url", "rebuild_report", "settle"]
+__all__ = ["app", "celery_url", "export", "rebuild_report", "refresh", "settle"]
 
 
 def celery_url(url: str) -> str:
@@ -52,3 +52,21 @@ def settle(account_id: int, fence_token: int | None = None) -> dict[str, Any]:
 @singleton_task(app=app, name="demo.rebuild_report", fencing=True, dedupe_enqueue=True)
 def rebuild_report(report_id: int, fence_token: int | None = None) -> dict[str, Any]:
     return ledger.work("celery", "rebuild_report", report_id, fence_token, ledger.REBUILD_SECONDS)
+
+
+# limit=2: at most two exports of one tenant at once; the others wait for a free slot.
+@singleton_task(app=app, name="demo.export", limit=2, on_duplicate="wait", wait_timeout=60)
+def export(tenant_id: int) -> dict[str, Any]:
+    return ledger.work(
+        "celery", "export", tenant_id, None, ledger.EXPORT_SECONDS, fenced_write=False
+    )
+
+
+# dedupe_enqueue="until_start": one running + one queued. A submission while it runs is queued
+# once (the rest get that task's AsyncResult) and runs after it, so it sees the change.
+@singleton_task(
+    app=app, name="demo.refresh", fencing=True, dedupe_enqueue="until_start",
+    on_duplicate="wait", wait_timeout=None,
+)  # fmt: skip
+def refresh(report_id: int, fence_token: int | None = None) -> dict[str, Any]:
+    return ledger.work("celery", "refresh", report_id, fence_token, ledger.REFRESH_SECONDS)

@@ -17,11 +17,24 @@ import redis
 
 from tasklock.core.connection import client_for_url
 
-__all__ = ["REBUILD_SECONDS", "SETTLE_SECONDS", "client", "namespace", "read_runs", "work"]
+__all__ = [
+    "EXPORT_SECONDS",
+    "REBUILD_SECONDS",
+    "REFRESH_SECONDS",
+    "SETTLE_SECONDS",
+    "client",
+    "namespace",
+    "read_runs",
+    "read_starts",
+    "work",
+]
 
 #: Long enough that the burst's duplicates reach a free worker while the first run still works.
 SETTLE_SECONDS = 2.0
 REBUILD_SECONDS = 0.5
+#: The fourth scene: exports run two at a time; a refresh runs while submissions arrive.
+EXPORT_SECONDS = 0.8
+REFRESH_SECONDS = 0.8
 
 # KEYS[1] = register hash, ARGV[1] = item, ARGV[2] = fence token.
 # Accept the write only if its token is above every token this item has seen; 1 or 0.
@@ -44,15 +57,28 @@ def client() -> redis.Redis:
 
 
 def work(
-    runner: str, task: str, item: int, fence_token: int | None, seconds: float
+    runner: str,
+    task: str,
+    item: int,
+    fence_token: int | None,
+    seconds: float,
+    *,
+    fenced_write: bool = True,
 ) -> dict[str, Any]:
     """Work on ``item`` (an account, a report) for ``seconds``, then write the result through
-    the fenced register, and record the run."""
+    the fenced register (unless ``fenced_write`` is False: runs of a ``limit`` > 1 overlap, so
+    their tokens do not order their writes), and record the run. Its start is announced too."""
     started = time.time()
-    time.sleep(seconds)  # the "payment provider" call
     redis_client = client()
-    register = f"{namespace()}:settled:{runner}:{task}"
-    accepted = bool(redis_client.eval(FENCED_WRITE, 1, register, str(item), str(fence_token or 0)))
+    redis_client.rpush(
+        f"{namespace()}:starts", json.dumps({"runner": runner, "task": task, "item": item})
+    )
+    time.sleep(seconds)  # the "payment provider" call
+    accepted = True
+    if fenced_write:
+        register = f"{namespace()}:settled:{runner}:{task}"
+        token = str(fence_token or 0)
+        accepted = bool(redis_client.eval(FENCED_WRITE, 1, register, str(item), token))
     record = {
         "runner": runner,
         "task": task,
@@ -70,3 +96,8 @@ def work(
 def read_runs(redis_client: redis.Redis, prefix: str) -> list[dict[str, Any]]:
     """Every recorded run, in the order they finished."""
     return [json.loads(raw) for raw in redis_client.lrange(f"{prefix}:runs", 0, -1)]
+
+
+def read_starts(redis_client: redis.Redis, prefix: str) -> list[dict[str, Any]]:
+    """Every run that began, in the order they began (a run still going is here, not in runs)."""
+    return [json.loads(raw) for raw in redis_client.lrange(f"{prefix}:starts", 0, -1)]

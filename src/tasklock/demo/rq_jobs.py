@@ -11,7 +11,7 @@ from typing import Any
 from tasklock.demo import ledger
 from tasklock.rq import singleton_job
 
-__all__ = ["rebuild_report", "settle"]
+__all__ = ["export", "rebuild_report", "refresh", "settle"]
 
 
 @singleton_job(fencing=True)
@@ -22,3 +22,13 @@ def settle(account_id: int, fence_token: int | None = None) -> dict[str, Any]:
 @singleton_job(fencing=True, dedupe_enqueue=True)
 def rebuild_report(report_id: int, fence_token: int | None = None) -> dict[str, Any]:
     return ledger.work("rq", "rebuild_report", report_id, fence_token, ledger.REBUILD_SECONDS)
+
+
+@singleton_job(limit=2, on_duplicate="wait", wait_timeout=60)
+def export(tenant_id: int) -> dict[str, Any]:
+    return ledger.work("rq", "export", tenant_id, None, ledger.EXPORT_SECONDS, fenced_write=False)
+
+
+@singleton_job(fencing=True, dedupe_enqueue="until_start", on_duplicate="wait", wait_timeout=None)
+def refresh(report_id: int, fence_token: int | None = None) -> dict[str, Any]:
+    return ledger.work("rq", "refresh", report_id, fence_token, ledger.REFRESH_SECONDS)

@@ -1,8 +1,9 @@
 """``tasklock demo``: real workers, bursts of duplicate work, and what tasklock made of them.
 
 Steps: a Redis (an embedded redis-server unless ``--url``), a Celery worker with a prefork pool
-and forking RQ workers as subprocesses, then three bursts (Celery, RQ, enqueue-time dedupe). Each
-burst's outcome is printed and checked; a broken promise is a one-line error and exit status 1.
+and forking RQ workers as subprocesses, then three bursts (Celery, RQ, enqueue-time dedupe) and a
+short scene of ``limit=2`` and ``dedupe_enqueue="until_start"``. Each outcome is printed and
+checked; a broken promise is a one-line error and exit status 1.
 Everything the demo started is stopped and its temp dir removed, on success, failure or Ctrl-C;
 with ``--url``, the keys it wrote are deleted (they all carry the run's namespace).
 
@@ -33,7 +34,14 @@ import redis
 
 from tasklock.demo import ledger, workers
 from tasklock.demo.processes import DemoError, Process, stop_all
-from tasklock.demo.scenario import Verdict, at_once, celery_verdict, check_runs, rq_verdict
+from tasklock.demo.scenario import (
+    Verdict,
+    at_once,
+    celery_verdict,
+    check_limited_runs,
+    check_runs,
+    rq_verdict,
+)
 from tasklock.demo.server import EmbeddedRedis
 from tasklock.ops.doctor import redact_url
 
@@ -43,6 +51,11 @@ ACCOUNTS = (101, 102, 103)
 REPEATS = 10
 REPORT_ID = 7
 RESULT_DEADLINE = 30.0
+#: The fourth scene: exports of one tenant, two at a time; refreshes of one report.
+TENANT_ID = 9
+EXPORTS = 4
+EXPORT_LIMIT = 2
+REFRESH_ID = 8
 
 
 def main(args: Any) -> int:
@@ -214,10 +227,12 @@ class Demo:
         celery_fences = self.celery_burst()
         rq_fences = self.rq_burst()
         self.dedupe_bursts()
+        self.limits_scene()
         self.say()
         self.say(
             "Checked: every submission ran or was skipped (none lost); no two runs of one call "
-            "overlapped;\nevery fenced write was accepted; fence tokens only went up:\n"
+            f"overlapped\n(exports: never more than {EXPORT_LIMIT}); every fenced write was "
+            "accepted; fence tokens only went up:\n"
             f"   Celery settle {_chain(celery_fences)}\n   RQ     settle {_chain(rq_fences)}"
         )
         self.say(f"Done in {time.monotonic() - began:.1f} s.")
@@ -419,6 +434,85 @@ class Demo:
             f"   Submitted again after it finished: a new task ({celery_again}, fence "
             f"{fences['celery'][1]}) and a new job ({rq_again}, fence {fences['rq'][1]})"
         )
+
+    def limits_scene(self) -> None:
+        """``limit=2``: four exports of one tenant, two at a time. ``dedupe_enqueue=
+        "until_start"``: ten submissions while a refresh runs queue exactly one more run."""
+        self.say()
+        self.say(f'4. limit={EXPORT_LIMIT} and dedupe_enqueue="until_start"')
+        celery_export, rq_export = self.celery_tasks.export, self.rq_jobs.export
+        exports = {
+            "celery": [celery_export.delay(TENANT_ID).id for _ in range(EXPORTS)],
+            "rq": [self.queue.enqueue(rq_export, TENANT_ID).id for _ in range(EXPORTS)],
+        }
+        self.rq_job_ids += exports["rq"]
+        call = f"export({TENANT_ID})"
+        waited = {
+            "celery": self._wait(exports["celery"], self._celery_verdicts(call), call),
+            "rq": self._wait(exports["rq"], self._rq_verdicts(call), call),
+        }
+        for runner in ("celery", "rq"):
+            name = "Celery" if runner == "celery" else "RQ"
+            runs = sorted(self._runs(runner, "export"), key=lambda run: run["start"])
+            most = check_limited_runs(
+                f"{name} {call}", runs, list(waited[runner].values()), EXPORT_LIMIT
+            )
+            t0 = runs[0]["start"]
+            spans = ", ".join(f"{r['start'] - t0:.2f}-{r['end'] - t0:.2f}" for r in runs)
+            self.say(
+                f"   {name:<7} {EXPORTS} x {call}, limit={EXPORT_LIMIT:<8} -> {len(runs)} ran, "
+                f"at most {most} at once: {spans} s"
+            )
+        self.coalescing()
+
+    def coalescing(self) -> None:
+        celery_refresh, rq_refresh = self.celery_tasks.refresh, self.rq_jobs.refresh
+        first = {
+            "celery": celery_refresh.delay(REFRESH_ID).id,
+            "rq": rq_refresh.enqueue(self.queue, REFRESH_ID).id,
+        }
+        self.rq_job_ids.append(first["rq"])
+
+        def both_running() -> bool:
+            check_interrupted()
+            began = {
+                s["runner"]
+                for s in ledger.read_starts(self.redis, self.namespace)
+                if s["task"] == "refresh"
+            }
+            return began == {"celery", "rq"}
+
+        workers.wait_until(both_running, self.processes, "the first refreshes", RESULT_DEADLINE)
+        burst = {
+            "celery": [r.id for r in at_once(lambda: celery_refresh.delay(REFRESH_ID), 10)],
+            "rq": [j.id for j in at_once(lambda: rq_refresh.enqueue(self.queue, REFRESH_ID), 10)],
+        }
+        self.rq_job_ids += burst["rq"]
+        call = f"refresh({REFRESH_ID})"
+        for runner, ids in burst.items():
+            if len(set(ids)) != 1 or first[runner] in ids:
+                raise DemoError(
+                    f"{runner}: 10 submissions during a run of {call} gave {len(set(ids))} new "
+                    "ids, not 1"
+                )
+        for runner, call_text, kind in (
+            ("celery", f".delay({REFRESH_ID})", "task"),
+            ("rq", f".enqueue(queue, {REFRESH_ID})", "job"),
+        ):
+            name = "Celery" if runner == "celery" else "RQ"
+            judge = self._celery_verdicts(call) if runner == "celery" else self._rq_verdicts(call)
+            verdicts = self._wait([first[runner], burst[runner][0]], judge, call)
+            runs = sorted(self._runs(runner, "refresh"), key=lambda run: run["start"])
+            check_runs(f"{name} {call}", runs, list(verdicts.values()))
+            if len(runs) != 2:
+                raise DemoError(f"{name} {call} ran {len(runs)} times, expected 2")
+            t0 = runs[0]["start"]
+            self.say(
+                f"   {name:<7} 10 x {call_text:<20} while {call} runs -> 1 more {kind} "
+                f"({_short(burst[runner][0])}), the other 9 got its handle; it ran after the "
+                f"first: {runs[0]['start'] - t0:.2f}-{runs[0]['end'] - t0:.2f} s, then "
+                f"{runs[1]['start'] - t0:.2f}-{runs[1]['end'] - t0:.2f} s"
+            )
 
     def _wait_rebuild(self, ids: dict[str, set[str]]) -> dict[str, list[Verdict]]:
         call = f"rebuild_report({REPORT_ID})"

@@ -22,7 +22,15 @@ from tasklock.celery import DUPLICATE
 from tasklock.demo.processes import DemoError
 from tasklock.rq import META_KEY
 
-__all__ = ["Verdict", "at_once", "celery_verdict", "check_runs", "rq_verdict"]
+__all__ = [
+    "Verdict",
+    "at_once",
+    "celery_verdict",
+    "check_limited_runs",
+    "check_runs",
+    "peak",
+    "rq_verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -109,3 +117,29 @@ def check_runs(
     if rejected:
         raise DemoError(f"{label}: fenced writes with tokens {rejected} were rejected as stale")
     return sorted(fences)
+
+
+def peak(runs: Sequence[dict[str, Any]]) -> int:
+    """The most runs that were going at one instant (one ending as another begins: not both)."""
+    events = sorted([(run["start"], 1) for run in runs] + [(run["end"], -1) for run in runs])
+    going = most = 0
+    for _, step in events:
+        going += step
+        most = max(most, going)
+    return most
+
+
+def check_limited_runs(
+    label: str, runs: Sequence[dict[str, Any]], verdicts: Sequence[Verdict], limit: int
+) -> int:
+    """DemoError unless every submission ran and never more than ``limit`` at once; the most
+    that ran at once."""
+    if not all(verdict.ran for verdict in verdicts) or len(runs) != len(verdicts):
+        raise DemoError(
+            f"{label}: {len(verdicts)} submissions, {len(runs)} runs: with on_duplicate='wait' "
+            "every one must run"
+        )
+    most = peak(runs)
+    if most > limit:
+        raise DemoError(f"{label}: {most} runs at once, but limit={limit}")
+    return most
