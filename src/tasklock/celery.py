@@ -23,6 +23,9 @@ duplicate, retry             ``self.retry(countdown=...)``: 0.5-1 s, then jitter
                              to the TTL; counts against ``max_retries``
 ``apply_async``              ``dedupe_enqueue``: claim the pending marker, or return the twin's
                              ``AsyncResult``
+run starts                   ``dedupe_enqueue="until_start"``: marker cleared (in the guard);
+                             the queued run's duplicate retries never exhaust ``max_retries``;
+                             a body's own ``self.retry()`` claims it again
 success / final failure      marker cleared (in ``__call__``; hard time limits and lost workers
                              through the ``task_failure`` signal in the worker's main process)
 ``task_revoked`` signal      marker cleared

@@ -5,9 +5,10 @@ An adapter (Celery, RQ) maps its hooks onto one :class:`Guard` per task:
 * at decoration: ``Guard(func, name, options)`` validates the options and the ``key``/``fencing``
   choices against the function's signature, so mistakes fail at import time;
 * at enqueue (``dedupe_enqueue``): :meth:`Guard.claim_pending` / :meth:`Guard.clear_pending`;
-* at execution: :meth:`Guard.run` takes the execution lock right before the body, injects the
-  fence token, releases in ``finally``, and applies ``on_duplicate`` / ``on_backend_error``. The
-  parts that differ per framework (what "skip" and "retry" mean) are callbacks.
+* at execution: :meth:`Guard.run` takes the execution lock right before the body (with
+  ``limit=N``, one of N permits: :meth:`Guard.lock_for`), injects the fence token, releases in
+  ``finally``, and applies ``on_duplicate`` / ``on_backend_error``. The parts that differ per
+  framework (what "skip" and "retry" mean) are callbacks.
 
 The enqueue-time marker names the pending task id. ``dedupe_enqueue=True`` keeps it until the run
 *ends* (the adapter clears it then): one at a time, nothing queued behind it.

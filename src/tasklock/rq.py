@@ -52,6 +52,11 @@ How each RQ mechanism is used, and why:
   marker when the job finishes or fails for good (not when RQ will retry it). Cancelled, deleted,
   stopped and SIGKILLed jobs have no hook that runs for sure, so a producer that finds a marker
   looks the named job up and replaces the marker when that job is no longer queued or running.
+  With ``dedupe_enqueue="until_start"`` the guard clears the marker when the run starts instead
+  (one running + one queued); a run that RQ will run again (``retry=Retry(...)``, a returned
+  ``rq.Retry``) claims it again before it releases the lock.
+* **limit=N.** The guard holds one of N permits instead of the lock: N work horses may run the
+  body of one key at once.
 """
 
 from __future__ import annotations
