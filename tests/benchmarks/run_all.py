@@ -4,7 +4,8 @@ Each benchmark starts its own redis-server processes and workers and prints its 
 ratios; this driver only runs them in turn and fails if one fails. ``--quick`` uses small counts
 (a smoke run that the figures should not be quoted from).
 
-    python tests/benchmarks/run_all.py [--quick] [lock redlock celery rq asyncio semaphore]
+    python tests/benchmarks/run_all.py [--quick] [lock redlock celery rq asyncio semaphore
+        contention]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ QUICK = {
     "rq": ["--n", "200", "--fork-n", "30", "--rounds", "2"],
     "asyncio": ["--cycles", "100", "--rounds", "5", "--handoffs", "50", "--redlock-cycles", "50"],
     "semaphore": ["--cycles", "50", "--rounds", "3", "--seconds", "0.3"],
+    "contention": ["--quick"],
 }
 
 
