@@ -36,8 +36,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-import redis
-
 from tasklock import stats
 from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
 from tasklock.core.backoff import backoff_ceiling, half_jitter
@@ -176,23 +174,6 @@ class Duplicate:
         if self.limit > 1:
             meta["limit"] = self.limit
         return meta
-
-
-def _look(lock: BaseLock) -> tuple[Holder | None, float | None]:
-    """Who holds ``lock``'s key (a Semaphore: the permit that frees first), and its TTL left.
-
-    A Lock (``limit=1``) whose key holds a Semaphore's permits (workers of a deployment with
-    another ``limit`` still run) reads them as a Semaphore does: ``Lock.peek`` reads the key as
-    a string, which Redis refuses for the permits' sorted set (WRONGTYPE).
-    """
-    try:
-        return lock.peek()
-    except redis.ResponseError as exc:
-        if not isinstance(lock, Lock) or isinstance(lock, Semaphore):
-            raise
-        if "WRONGTYPE" not in str(exc):
-            raise
-        return Semaphore(lock.redis, lock.name, 1).peek()
 
 
 def _held_by(lock: BaseLock, holder: Holder, task_id: str) -> bool:
@@ -545,7 +526,7 @@ class Guard:
             for _ in range(_FREE_RETRIES):
                 if acquired:
                     break
-                holder, holder_ttl = _look(lock)
+                holder, holder_ttl = lock.peek()
                 if holder is not None:
                     break
                 # Released between our attempt and the look: the lock is free, so this call is
@@ -648,7 +629,7 @@ class Guard:
     @staticmethod
     def _peek(lock: BaseLock) -> tuple[Holder | None, float | None]:
         try:
-            return _look(lock)
+            return lock.peek()
         except BackendUnavailable:
             return None, None
 

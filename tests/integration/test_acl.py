@@ -37,6 +37,9 @@ def acl_server() -> Iterator[RedisServer]:
         admin.execute_command("ACL", "SETUSER", "nopublish", *everything, "-publish")
         admin.execute_command("ACL", "SETUSER", "nosubscribe", *everything, "-subscribe")
         admin.execute_command("ACL", "SETUSER", "noevalsha", *everything, "-evalsha")
+        # The queue's and the permits' commands, which only a waiter or a semaphore runs:
+        admin.execute_command("ACL", "SETUSER", "norpush", *everything, "-rpush")
+        admin.execute_command("ACL", "SETUSER", "nozadd", *everything, "-zadd")
         minimal = ACL_RULES.replace("<your lock names>", "orders:*").split()
         admin.execute_command("ACL", "SETUSER", "minimal", "on", f">{PASSWORD}", *minimal)
         admin.close()
@@ -163,6 +166,8 @@ def test_the_documented_minimal_acl_is_enough(acl_server: RedisServer) -> None:
         ("nopublish", "warn", "PUBLISH"),
         ("nosubscribe", "warn", "subscribe"),
         ("noevalsha", "fail", "evalsha"),
+        ("norpush", "fail", "lock scripts"),  # (Redis < 7.2 does not name the command)
+        ("nozadd", "fail", "lock scripts"),
     ],
 )
 def test_doctor_checks_the_users_permissions(

@@ -156,10 +156,10 @@ def test_an_acl_user_without_evalsha_gets_a_configuration_error_saying_how_to_gr
 
 
 def rule_for(name: str) -> str:
-    """ACL_RULES as the error gives it for a lock ``name``: its key and fence counter named."""
-    return ACL_RULES.replace(
-        "~<your lock names> ~{<your lock names>}:fence", f"~{name} ~{{{name}}}:fence"
-    )
+    """ACL_RULES as the error gives it for a (fair) lock ``name``: its key, fence counter and
+    queue named."""
+    beside = " ".join(f"~{{{name}}}:{suffix}" for suffix in ("fence", "queue", "waiters"))
+    return ACL_RULES.replace("~<your lock names> ~{<your lock names>}:*", f"~{name} {beside}")
 
 
 def test_an_acl_user_without_the_lock_keys_is_told_which_keys_to_grant(

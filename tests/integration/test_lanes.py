@@ -21,7 +21,8 @@ import redis
 
 import tasklock
 from tasklock.core.lanes import WARM_UP_CALLS, Lane, lane_for
-from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE
+from tasklock.core.queue_scripts import FAIR_ACQUIRE, FAIR_RELEASE
+from tasklock.core.scripts import EXTEND
 from tests.support.forking import ForkedChild
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
@@ -71,7 +72,7 @@ def test_each_thread_has_its_own_connection_closed_with_the_thread(
     r: redis.Redis, redis_server: RedisServer
 ) -> None:
     client = redis_server.client(client_name=NAME)  # the lane copies the pool's settings
-    for script in (ACQUIRE, EXTEND, RELEASE):
+    for script in (FAIR_ACQUIRE, EXTEND, FAIR_RELEASE):
         r.script_load(script.source)  # no NOSCRIPT fallback through the pool
     threads, ready, leave = 4, threading.Barrier(5), threading.Event()
     seen: dict[int, tuple[int, list[int]]] = {}

@@ -14,7 +14,6 @@ import pytest
 import redis
 
 import tasklock
-from tasklock.core.scripts import ACQUIRE, RELEASE
 from tests.support.servers import RedisServer
 
 
@@ -96,7 +95,8 @@ def test_noscript_on_the_fast_path(client: redis.Redis) -> None:
     assert lock.acquire()
     client.script_flush()
     lock.release()
-    assert client.script_exists(ACQUIRE.sha, RELEASE.sha) == [False, True]
+    layout = lock._layout
+    assert client.script_exists(layout.acquire.sha, layout.release.sha) == [False, True]
 
 
 def test_reassigned_client_is_used(r: redis.Redis, redis_server: RedisServer) -> None:

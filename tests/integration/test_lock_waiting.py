@@ -71,9 +71,13 @@ def test_blocking_timeout_from_the_constructor_and_context_manager(r: redis.Redi
 
 
 def test_waiter_thread_is_woken_by_release(r: redis.Redis) -> None:
-    holder = tasklock.Lock(r, "handoff", timeout=300)
+    # fair=False here and below: a queued waiter tries every second to keep its place, and these
+    # tests prove "no poll" by counting EVALSHAs (the fair path: test_fair_waiting.py).
+    with tasklock.Lock(r, "warm-up", timeout=5, fair=False):  # scripts loaded: no NOSCRIPT below
+        pass
+    holder = tasklock.Lock(r, "handoff", timeout=300, fair=False)
     assert holder.acquire()
-    waiter = tasklock.Lock(r, "handoff", timeout=30, sleep=BIG_SLEEP)
+    waiter = tasklock.Lock(r, "handoff", timeout=30, sleep=BIG_SLEEP, fair=False)
     acquired = threading.Event()
     outcome: list[bool] = []
 
@@ -98,7 +102,7 @@ def test_waiter_thread_is_woken_by_release(r: redis.Redis) -> None:
 
 def _wait_in_other_process(port: int, name: str, result: str) -> None:
     client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
-    lock = tasklock.Lock(client, name, timeout=30, sleep=BIG_SLEEP)
+    lock = tasklock.Lock(client, name, timeout=30, sleep=BIG_SLEEP, fair=False)
     acquired = lock.acquire(blocking_timeout=25)
     at = time.monotonic()
     fence = lock.fence
@@ -111,7 +115,9 @@ def _wait_in_other_process(port: int, name: str, result: str) -> None:
 def test_waiter_in_another_process_is_woken_by_release(
     redis_server: RedisServer, r: redis.Redis, tmp_path: Path
 ) -> None:
-    holder = tasklock.Lock(r, "handoff-proc", timeout=300)
+    with tasklock.Lock(r, "warm-up", timeout=5, fair=False):  # scripts loaded: no NOSCRIPT below
+        pass
+    holder = tasklock.Lock(r, "handoff-proc", timeout=300, fair=False)
     assert holder.acquire()
     result = tmp_path / "result.json"
     r.config_resetstat()

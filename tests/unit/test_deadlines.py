@@ -70,7 +70,7 @@ class ClockedBackend(BaseLock):
         self.fail_at_attempt: int | None = None
         self.wake_on_attempt: int | None = None
 
-    def _attempt(self, token: str) -> Attempt:
+    def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         now = self.clock.monotonic()
         self.attempts.append(now)
         if self.fail_at_attempt == len(self.attempts):
@@ -84,7 +84,7 @@ class ClockedBackend(BaseLock):
         ttl = None if self.free_at is None or not self.report_ttl else self.free_at - now
         return Attempt(False, holder_ttl=ttl)
 
-    def _waiter(self) -> FakeWaiter:
+    def _waiter(self, token: str) -> FakeWaiter:
         waiter = FakeWaiter(self.clock)
         self.waiters.append(waiter)
         return waiter

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Callable
 from contextvars import ContextVar
 from types import SimpleNamespace, TracebackType
@@ -31,6 +32,14 @@ from tasklock.core.lease import GIVE_UP, Attempt, Hold, LeaseCore, Number, check
 from tasklock.core.owner import Holder, parse_value
 from tasklock.core.renewal import Renewal
 from tasklock.errors import LockError
+
+log = logging.getLogger("tasklock.lock")
+
+
+def _log_failed_leave(leaving: asyncio.Future[None]) -> None:
+    if not leaving.cancelled() and leaving.exception() is not None:
+        log.debug("leaving a wait queue failed (%s); it drops out", leaving.exception())
+
 
 __all__ = ["AsyncBaseLock", "AsyncLostFlag", "TaskLocal"]
 
@@ -110,8 +119,12 @@ class AsyncBaseLock(LeaseCore):
         return get_async_watchdog()
 
     # -- backend, supplied by subclasses -------------------------------------------------------
-    async def _attempt(self, token: str) -> Attempt:
+    async def _attempt(self, token: str, waiting: bool = False) -> Attempt:
+        """One try; ``waiting`` as in :meth:`tasklock.core.base.BaseLock._attempt`."""
         raise NotImplementedError
+
+    async def _leave_queue(self, token: str) -> None:
+        """A waiter that waited gave up (or was cancelled): take it out of the queue."""
 
     async def _release_value(
         self, value: bytes, on_cancel: Callable[[asyncio.Future[Any]], None] | None = None
@@ -124,7 +137,7 @@ class AsyncBaseLock(LeaseCore):
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
         raise NotImplementedError
 
-    async def _waiter(self) -> _AsyncWaiter:
+    async def _waiter(self, token: str) -> _AsyncWaiter:
         raise NotImplementedError
 
     async def locked(self) -> bool:
@@ -190,39 +203,55 @@ class AsyncBaseLock(LeaseCore):
         """
         owner, rules = self._plan_acquire(sleep, blocking, blocking_timeout, token)
         waiter: _AsyncWaiter | None = None
+        acquired = False
         try:
             while True:
                 if waiter is not None:
                     waiter.arm()
-                attempt = await self._shielded_attempt(owner)
+                attempt = await self._shielded_attempt(owner, waiter is not None)
                 if attempt.acquired:
                     assert attempt.value is not None
                     self._start_hold(attempt.value, attempt.fence)
+                    acquired = True
                     return True
                 step = rules.after_failure(attempt)
                 if isinstance(step, str):
                     if step is GIVE_UP:
                         return False
-                    waiter = await self._waiter()  # SUBSCRIBE: then try again at once
+                    waiter = await self._waiter(owner)  # SUBSCRIBE: then try again at once
                     continue
                 assert waiter is not None  # (SUBSCRIBE always comes first)
                 await waiter.wait(step)
         finally:
             if waiter is not None:
                 waiter.close()
+                if not acquired:
+                    await self._give_up_place(owner)
+
+    async def _give_up_place(self, owner: str) -> None:
+        """Leave the queue after waiting in vain, also when cancelled (the leaving goes on in
+        the background then); a failure only costs the queue the waiter's liveness."""
+        leaving = keep(asyncio.ensure_future(self._leave_queue(owner)))
+        leaving.add_done_callback(_log_failed_leave)
+        try:
+            await asyncio.shield(leaving)
+        except asyncio.CancelledError:
+            raise  # (the leaving itself goes on)
+        except Exception:
+            pass  # logged by _log_failed_leave
 
     #: True when ``_attempt`` itself deals with its caller's cancellation (the single lock's
     #: lane reads the reply in the background and releases a lock taken meanwhile): then no
     #: shielding task is needed.
     _attempt_is_cancel_safe = False
 
-    async def _shielded_attempt(self, owner: str) -> Attempt:
+    async def _shielded_attempt(self, owner: str, waiting: bool) -> Attempt:
         """One attempt that runs to its answer even if the caller is cancelled meanwhile: the
         script may already have taken the key, and only its answer says so (then it is released
         at once, in the background)."""
         if self._attempt_is_cancel_safe:
-            return await self._attempt(owner)
-        attempt = asyncio.ensure_future(self._attempt(owner))
+            return await self._attempt(owner, waiting)
+        attempt = asyncio.ensure_future(self._attempt(owner, waiting))
         try:
             return await asyncio.shield(attempt)
         except asyncio.CancelledError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from tasklock.asyncio._base import AsyncBaseLock, _AsyncWaiter
 from tasklock.asyncio.background import keep
@@ -17,10 +17,12 @@ from tasklock.asyncio.lanes import AsyncBoundScript
 from tasklock.asyncio.scripts import run_script
 from tasklock.asyncio.wakeup import async_hub_for
 from tasklock.core.connection import backend_errors, describe_client
-from tasklock.core.keys import fence_counter_ttl_ms, wake_channel
-from tasklock.core.lease import Attempt, Number, fence_key_or_default
+from tasklock.core.keys import wake_channel
+from tasklock.core.layouts import WAITER_LIVENESS, Layout, lock_layout
+from tasklock.core.lease import Attempt, Number, check_fair, fence_key_or_default
+from tasklock.core.permits import PermitState
 from tasklock.core.renewal import Renewal, judge_single
-from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE, Script
+from tasklock.core.scripts import PERMIT_STATE
 from tasklock.core.wakeup import PUBLISH_REFUSED, warn_wakeup_refused
 from tasklock.errors import ConfigurationError
 
@@ -39,11 +41,6 @@ class Lock(AsyncBaseLock):
     is called on the event loop, from the watchdog's task.
     """
 
-    #: What a hold is on the server (see :class:`tasklock.Lock`).
-    _ACQUIRE: ClassVar[Script] = ACQUIRE
-    _RELEASE: ClassVar[Script] = RELEASE
-    _EXTEND: ClassVar[Script] = EXTEND
-
     def __init__(
         self,
         redis: Any,
@@ -59,6 +56,7 @@ class Lock(AsyncBaseLock):
         watchdog: bool | None = None,
         on_lost: Callable[[AsyncBaseLock], Any] | None = None,
         owner_info: Mapping[str, Any] | None = None,
+        fair: bool = True,
     ) -> None:
         super().__init__(
             name,
@@ -78,33 +76,36 @@ class Lock(AsyncBaseLock):
                 f"got {type(redis).__name__}"
             )
         self.redis = redis
+        self.fair = check_fair(fair)
         self.fence_key = fence_key_or_default(fence_key, self.name)
-        self._keys = (self.name, self.fence_key)
         self._ttl_ms = max(1, int(self.ttl * 1000))
         self._channel = wake_channel(self.name)
+        self._layout = self._make_layout()
+        if self._layout.fair:
+            self._renew_every = WAITER_LIVENESS / 3
         self._acquiring = f"acquiring lock {self.name!r}"
         self._releasing = f"releasing lock {self.name!r}"
         self._bind(redis)
 
+    def _make_layout(self) -> Layout:
+        return lock_layout(self.name, self.fence_key, self.ttl, self.fair)
+
     def _bind(self, client: Any) -> None:
         # The hot path: acquire and release pre-encoded for this client (see AsyncBoundScript).
+        layout = self._layout
         self._bound_to = client
         self._acquire_script = AsyncBoundScript(
-            self._ACQUIRE,
+            layout.acquire,
             client,
-            self._keys,
-            self._acquire_tail(),
+            layout.acquire_keys,
+            layout.acquire_tail,
             on_late=self._took_while_cancelled,
         )
         self._release_script = AsyncBoundScript(
-            self._RELEASE, client, (self.name,), (self._channel,)
+            layout.release, client, layout.release_keys, layout.release_tail
         )
         self._attempt_is_cancel_safe = self._acquire_script.fast
         self._release_is_cancel_safe = self._release_script.fast
-
-    def _acquire_tail(self) -> tuple[int, ...]:
-        """The acquire script's arguments after the owner token."""
-        return (self._ttl_ms, fence_counter_ttl_ms(self.ttl))
 
     def _took_while_cancelled(self, answer: Any, args: tuple[Any, ...]) -> None:
         """An acquire whose caller was cancelled got its answer: release what it took."""
@@ -113,11 +114,11 @@ class Lock(AsyncBaseLock):
             value = f"{args[0]}#{number}".encode()
             keep(asyncio.ensure_future(self._release_value(value)))
 
-    async def _attempt(self, token: str) -> Attempt:
+    async def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._acquiring, self._keys):
-            ok, number = await self._acquire_script(token)
+        with backend_errors(self.redis, self._acquiring, self._layout.acquire_keys):
+            ok, number = await self._acquire_script(*self._layout.attempt_args(token, waiting))
         if ok:
             return Attempt(True, f"{token}#{number}".encode(), int(number))
         return Attempt(False, holder_ttl=number / 1000 if number >= 0 else None)
@@ -127,7 +128,7 @@ class Lock(AsyncBaseLock):
     ) -> bool:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._releasing, self._keys[:1]):
+        with backend_errors(self.redis, self._releasing, self._layout.release_keys[:1]):
             released = await self._release_script(value, on_cancel=on_cancel)
         if released == PUBLISH_REFUSED:
             warn_wakeup_refused(describe_client(self.redis), "PUBLISH")
@@ -137,32 +138,37 @@ class Lock(AsyncBaseLock):
         ms = max(1, int(seconds * 1000))
         with backend_errors(self.redis, f"extending lock {self.name!r}"):
             extended = await run_script(
-                self.redis, self._EXTEND, (self.name,), (value, ms, "1" if replace else "0")
+                self.redis, self._layout.extend, (self.name,), (value, ms, "1" if replace else "0")
             )
         return bool(extended)
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
-        call = (self.redis, self._EXTEND, (self.name,), (value, self._ttl_ms, "1"))
+        call = (self.redis, self._layout.extend, (self.name,), (value, self._ttl_ms, "1"))
         return Renewal(self.name, self.ttl, [call], judge_single, on_lost)
 
-    async def _waiter(self) -> _AsyncWaiter:
-        return await async_hub_for(self.redis).watch(self._channel)
+    async def _waiter(self, token: str) -> _AsyncWaiter:
+        hub = async_hub_for(self.redis)
+        return await hub.watch(self._channel, token=token if self.fair else None)
+
+    async def _leave_queue(self, token: str) -> None:
+        leave = self._layout.leave
+        if leave is not None:
+            script, keys, tail = leave
+            with backend_errors(self.redis, f"leaving the queue of {self.name!r}", keys[:1]):
+                await run_script(self.redis, script, keys, (token, *tail))
 
     async def locked(self) -> bool:
         with backend_errors(self.redis, f"reading lock {self.name!r}"):
             return int(await self.redis.exists(self.name)) > 0
 
-    async def _peek(self) -> tuple[bytes | None, int | None]:
+    async def _state(self, value: bytes = b"") -> PermitState:
+        """One read of who holds the name, whichever kind holds it (see tasklock.Lock)."""
         with backend_errors(self.redis, f"reading lock {self.name!r}"):
-            value = await self.redis.get(self.name)
-            pttl = await self.redis.pttl(self.name)
-        if value is None:
-            return None, None
-        return (value.encode() if isinstance(value, str) else value), int(pttl)
+            reply = await run_script(self.redis, PERMIT_STATE, (self.name,), (value,))
+        return PermitState.parse(reply)
+
+    async def _peek(self) -> tuple[bytes | None, int | None]:
+        return (await self._state()).first()
 
     async def _stored_value_is(self, value: bytes) -> bool:
-        with backend_errors(self.redis, f"reading lock {self.name!r}"):
-            stored = await self.redis.get(self.name)
-        if isinstance(stored, str):
-            stored = stored.encode()
-        return bool(stored == value)
+        return (await self._state(value)).holds(value)

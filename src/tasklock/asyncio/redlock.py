@@ -171,7 +171,7 @@ class Redlock(AsyncBaseLock):
         )
 
     # -- acquire --------------------------------------------------------------------------------
-    async def _attempt(self, token: str) -> Attempt:
+    async def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         owner = attempt_value(token).encode()
         q = self.quorum
         validity = Validity(self.ttl, self.drift)
@@ -296,7 +296,7 @@ class Redlock(AsyncBaseLock):
         return self._rules.holder(gets.results, ttls.results)
 
     # -- waiting --------------------------------------------------------------------------------
-    async def _waiter(self) -> _AsyncWaiter:
+    async def _waiter(self, token: str) -> _AsyncWaiter:
         waiter = _AnyMasterWaiter(self._channel)
         await waiter.subscribe(self.clients, self.node_timeout)
         return waiter

@@ -12,12 +12,9 @@ from typing import Any
 
 from tasklock.asyncio._base import AsyncBaseLock
 from tasklock.asyncio.lock import Lock
-from tasklock.asyncio.scripts import run_script
-from tasklock.core.connection import backend_errors
 from tasklock.core.lease import Number
 from tasklock.core.owner import Holder
-from tasklock.core.permits import PermitRules, PermitState, check_limit
-from tasklock.core.scripts import PERMIT_STATE
+from tasklock.core.permits import PermitRules, check_limit
 
 __all__ = ["Semaphore"]
 
@@ -43,6 +40,7 @@ class Semaphore(PermitRules, Lock):
         watchdog: bool | None = None,
         on_lost: Callable[[AsyncBaseLock], Any] | None = None,
         owner_info: Mapping[str, Any] | None = None,
+        fair: bool = True,
     ) -> None:
         self.limit = check_limit(limit)
         super().__init__(
@@ -58,12 +56,8 @@ class Semaphore(PermitRules, Lock):
             watchdog=watchdog,
             on_lost=on_lost,
             owner_info=owner_info,
+            fair=fair,
         )
-
-    async def _state(self, value: bytes = b"") -> PermitState:
-        with backend_errors(self.redis, f"reading semaphore {self.name!r}"):
-            reply = await run_script(self.redis, PERMIT_STATE, (self.name,), (value,))
-        return PermitState.parse(reply)
 
     async def locked(self) -> bool:
         """True when all ``limit`` permits are held (an acquire now would wait)."""
@@ -72,12 +66,6 @@ class Semaphore(PermitRules, Lock):
     async def holders(self) -> list[tuple[Holder, float | None]]:
         """Who holds the permits now, and for how many more seconds each (first to free first)."""
         return (await self._state()).holders()
-
-    async def _peek(self) -> tuple[bytes | None, int | None]:
-        return (await self._state()).first()
-
-    async def _stored_value_is(self, value: bytes) -> bool:
-        return (await self._state(value)).mine
 
     def __repr__(self) -> str:
         return (

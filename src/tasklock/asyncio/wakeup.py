@@ -42,14 +42,18 @@ class AsyncWakeupHub:
         self._book = ChannelBook(asyncio.Event)
         self._task: asyncio.Task[None] | None = None
 
-    async def watch(self, channel: str, event: asyncio.Event | None = None) -> AsyncSubscription:
+    async def watch(
+        self, channel: str, event: asyncio.Event | None = None, token: str | None = None
+    ) -> AsyncSubscription:
         """Register a waiter on ``channel``; returns once the subscription is confirmed (or the
         confirmation timed out: the waiter still works by polling). ``event`` lets several
-        subscriptions (one per Redlock master) share one event."""
+        subscriptions (one per Redlock master) share one event; ``token``: a fair waiter's
+        owner token, woken only when the release names it."""
         name = channel.encode()
+        key = token.encode() if token is not None else None
         if event is None:
             event = asyncio.Event()
-        entry, new = self._book.join(name, event)
+        entry, new = self._book.join(name, event, key)
         if new:
             try:
                 await self._pubsub.subscribe(name)
@@ -66,10 +70,10 @@ class AsyncWakeupHub:
                     await entry.confirmed.wait()
             except TimeoutError:
                 pass
-        return AsyncSubscription(self, name, event)
+        return AsyncSubscription(self, name, event, key)
 
-    def _forget(self, name: bytes, event: asyncio.Event) -> None:
-        self._book.leave(name, event)
+    def _forget(self, name: bytes, event: asyncio.Event, token: bytes | None) -> None:
+        self._book.leave(name, event, token)
 
     async def _listen(self) -> None:
         try:
@@ -116,12 +120,15 @@ class AsyncWakeupHub:
 class AsyncSubscription:
     """A waiter's handle: :meth:`wait` returns early when the lock is released."""
 
-    __slots__ = ("_event", "_hub", "_name")
+    __slots__ = ("_event", "_hub", "_name", "_token")
 
-    def __init__(self, hub: AsyncWakeupHub, name: bytes, event: asyncio.Event) -> None:
+    def __init__(
+        self, hub: AsyncWakeupHub, name: bytes, event: asyncio.Event, token: bytes | None = None
+    ) -> None:
         self._hub = hub
         self._name = name
         self._event = event
+        self._token = token
 
     def arm(self) -> None:
         """Forget earlier wake-ups; call right before an acquire attempt."""
@@ -136,7 +143,7 @@ class AsyncSubscription:
         return True
 
     def close(self) -> None:
-        self._hub._forget(self._name, self._event)
+        self._hub._forget(self._name, self._event, self._token)
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], AsyncWakeupHub]]

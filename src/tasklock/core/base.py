@@ -11,6 +11,7 @@ module only does the blocking I/O around them. Subclasses supply the backend:
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace, TracebackType
@@ -42,6 +43,9 @@ __all__ = [
 ]
 
 
+log = logging.getLogger("tasklock.lock")
+
+
 class _Waiter(Protocol):
     def arm(self) -> None: ...
     def wait(self, timeout: float) -> bool: ...
@@ -58,8 +62,14 @@ class BaseLock(LeaseCore):
         return get_watchdog()
 
     # -- backend, supplied by subclasses -------------------------------------------------------
-    def _attempt(self, token: str) -> Attempt:
+    def _attempt(self, token: str, waiting: bool = False) -> Attempt:
+        """One try. ``waiting``: the caller has subscribed and will wait if this fails (a fair
+        lock queues it, or keeps it queued)."""
         raise NotImplementedError
+
+    def _leave_queue(self, token: str) -> None:
+        """A waiter that waited (``_attempt(waiting=True)``) gave up: take it out of the queue.
+        Nothing to do for a lock without one."""
 
     def _release_value(self, value: bytes) -> bool:
         raise NotImplementedError
@@ -70,7 +80,7 @@ class BaseLock(LeaseCore):
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
         raise NotImplementedError
 
-    def _waiter(self) -> _Waiter:
+    def _waiter(self, token: str) -> _Waiter:
         raise NotImplementedError
 
     def locked(self) -> bool:
@@ -106,26 +116,38 @@ class BaseLock(LeaseCore):
         """
         owner, rules = self._plan_acquire(sleep, blocking, blocking_timeout, token)
         waiter: _Waiter | None = None
+        acquired = False
         try:
             while True:
                 if waiter is not None:
                     waiter.arm()
-                attempt = self._attempt(owner)
+                attempt = self._attempt(owner, waiter is not None)
                 if attempt.acquired:
                     assert attempt.value is not None
                     self._start_hold(attempt.value, attempt.fence)
+                    acquired = True
                     return True
                 step = rules.after_failure(attempt)
                 if isinstance(step, str):
                     if step is GIVE_UP:
                         return False
-                    waiter = self._waiter()  # SUBSCRIBE: then try again at once
+                    waiter = self._waiter(owner)  # SUBSCRIBE: then try again at once
                     continue
                 assert waiter is not None  # (SUBSCRIBE always comes first)
                 waiter.wait(step)
         finally:
             if waiter is not None:
                 waiter.close()
+                if not acquired:
+                    self._give_up_place(owner)
+
+    def _give_up_place(self, owner: str) -> None:
+        """Leave the queue after waiting in vain; a failure here only costs the queue the
+        waiter's liveness (it drops out by itself), so it never hides the acquire's outcome."""
+        try:
+            self._leave_queue(owner)
+        except Exception as exc:
+            log.debug("lock %r: leaving the queue failed (%s); it drops out", self.name, exc)
 
     # -- release / extend ----------------------------------------------------------------------
     def release(self) -> None:

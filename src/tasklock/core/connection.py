@@ -215,7 +215,7 @@ _SCRIPT_ERROR = re.compile(r"^Error running script .*?: -([A-Z]+) (.*)$", re.DOT
 #: permissions to run the 'incr' command" (Redis 7.2+, Valkey).
 _SCRIPT_NOPERM = ("The user executing the script can't", "ACL failure in script")
 _NO_DATABASE = ("DB index is out of range", "invalid DB index")
-_LOCK_KEYS_PLACEHOLDER = "~<your lock names> ~{<your lock names>}:fence"
+_LOCK_KEYS_PLACEHOLDER = "~<your lock names> ~{<your lock names>}:*"
 
 
 def _code_and_reply(exc: BaseException) -> tuple[str | None, str]:
@@ -254,7 +254,8 @@ def _refused_permission(where: str, doing: str, user: str, reply: str, keys: Seq
         "its locks and publishes and subscribes on its wake-up channels, on its own keys and "
         "channels. Grant them with: "
         f"ACL SETUSER {user} {grant} (~tasklock:* covers task locks under the default "
-        "key_prefix; a tasklock.Lock uses its name and {name}:fence)"
+        "key_prefix; a tasklock.Lock uses its name, and {name}:fence, {name}:queue and "
+        "{name}:waiters beside it)"
     )
 
 

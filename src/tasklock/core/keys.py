@@ -14,7 +14,14 @@ the same hash tag as the name. On a single Redis (or Redlock masters) this does 
 
 from __future__ import annotations
 
-__all__ = ["FENCE_COUNTER_TTL", "fence_counter_ttl_ms", "fence_key_for", "hash_tag", "wake_channel"]
+__all__ = [
+    "FENCE_COUNTER_TTL",
+    "fence_counter_ttl_ms",
+    "fence_key_for",
+    "hash_tag",
+    "queue_keys_for",
+    "wake_channel",
+]
 
 WAKE_PREFIX = "tasklock:wake:"
 
@@ -40,13 +47,24 @@ def hash_tag(name: str) -> str | None:
     return name[start + 1 : end]
 
 
-def fence_key_for(name: str) -> str:
-    """The default fence counter key of lock ``name`` (same cluster slot as ``name``)."""
+def _beside(name: str, suffix: str) -> str:
+    """``name`` + ``suffix`` in ``name``'s cluster slot."""
     if hash_tag(name) is not None or "}" in name:
         # A tagged name keeps its tag. A name with a stray "}" and no tag cannot be wrapped
         # (the tag would end at that brace); it is only a concern on Redis Cluster.
-        return f"{name}:fence"
-    return f"{{{name}}}:fence"
+        return f"{name}:{suffix}"
+    return f"{{{name}}}:{suffix}"
+
+
+def fence_key_for(name: str) -> str:
+    """The default fence counter key of lock ``name`` (same cluster slot as ``name``)."""
+    return _beside(name, "fence")
+
+
+def queue_keys_for(name: str) -> tuple[str, str]:
+    """The fair-waiting queue of ``name`` (see :mod:`tasklock.core.queue_scripts`): its list of
+    waiters and its sorted set of their liveness deadlines, in ``name``'s cluster slot."""
+    return _beside(name, "queue"), _beside(name, "waiters")
 
 
 def fence_counter_ttl_ms(lock_ttl: float) -> int:

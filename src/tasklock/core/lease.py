@@ -37,6 +37,7 @@ __all__ = [
     "LeaseCore",
     "LostFlag",
     "Number",
+    "check_fair",
     "check_seconds",
     "fence_key_or_default",
 ]
@@ -76,6 +77,16 @@ def check_seconds(option: str, value: Any, *, allow_none: bool, allow_zero: bool
         )
 
 
+def check_fair(fair: Any) -> bool:
+    """``fair`` as a bool, or a ConfigurationError naming it."""
+    if not isinstance(fair, bool):
+        raise ConfigurationError(
+            f"fair must be True (waiters served in arrival order, the default) or False "
+            f"(every release wakes every waiter), got {fair!r}"
+        )
+    return fair
+
+
 def fence_key_or_default(fence_key: Any, name: str) -> str:
     """The fence counter's key: ``fence_key`` when given (a non-empty string), else the lock's
     default, ``{name}:fence`` (in the lock's cluster slot)."""
@@ -112,12 +123,20 @@ class AcquireLoop:
     MAX_POLL_INTERVAL, never past the deadline nor past the holder's remaining TTL).
     """
 
-    __slots__ = ("_backoff", "_blocking", "_deadline", "_sleep", "_subscribed")
+    __slots__ = ("_backoff", "_blocking", "_deadline", "_renew_every", "_sleep", "_subscribed")
 
-    def __init__(self, blocking: bool, deadline: float | None, sleep: float) -> None:
+    def __init__(
+        self,
+        blocking: bool,
+        deadline: float | None,
+        sleep: float,
+        renew_every: float | None = None,
+    ) -> None:
         self._blocking = blocking
         self._deadline = deadline
         self._sleep = sleep
+        #: A queued (fair) waiter keeps its place by trying at least this often.
+        self._renew_every = renew_every
         self._subscribed = False
         self._backoff: Backoff | None = None
 
@@ -132,7 +151,10 @@ class AcquireLoop:
             return SUBSCRIBE
         if self._backoff is None:
             self._backoff = Backoff(self._sleep, max(self._sleep, MAX_POLL_INTERVAL))
-        return self._backoff.next_delay(remaining, attempt.holder_ttl)
+        delay = self._backoff.next_delay(remaining, attempt.holder_ttl)
+        if self._renew_every is not None:
+            delay = min(delay, self._renew_every)
+        return delay
 
 
 class LostFlag(threading.Event):
@@ -292,7 +314,11 @@ class LeaseCore:
         else:
             owner = token.decode() if isinstance(token, bytes) else str(token)
         deadline = None if blocking_timeout is None else clock.monotonic() + blocking_timeout
-        return owner, AcquireLoop(bool(blocking), deadline, float(sleep))
+        return owner, AcquireLoop(bool(blocking), deadline, float(sleep), self._renew_every)
+
+    #: How often a waiter must try to keep its place in the queue (None: no queue). Set by
+    #: fair locks (a third of WAITER_LIVENESS), so ``sleep`` beyond it is cut to it.
+    _renew_every: float | None = None
 
     #: Whose hold it is, in messages: a thread's (sync) or a task's (asyncio).
     _holder_word = "thread"

@@ -11,14 +11,16 @@ blocked acquire is woken by the release's PUBLISH.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from tasklock.core.base import Attempt, BaseLock, Number, _Waiter
 from tasklock.core.connection import backend_errors, describe_client
-from tasklock.core.keys import fence_counter_ttl_ms, wake_channel
-from tasklock.core.lease import fence_key_or_default
+from tasklock.core.keys import wake_channel
+from tasklock.core.layouts import WAITER_LIVENESS, Layout, lock_layout
+from tasklock.core.lease import check_fair, fence_key_or_default
+from tasklock.core.permits import PermitState
 from tasklock.core.renewal import judge_single
-from tasklock.core.scripts import ACQUIRE, EXTEND, RELEASE, Script
+from tasklock.core.scripts import PERMIT_STATE
 from tasklock.core.wakeup import PUBLISH_REFUSED, hub_for, warn_wakeup_refused
 from tasklock.core.watchdog import Renewal
 from tasklock.errors import ConfigurationError
@@ -39,16 +41,15 @@ class Lock(BaseLock):
     * :attr:`fence` is the fencing token of the current hold, strictly increasing per lock (per
       ``fence_key`` when several locks share a counter).
 
+    * Waiters are served first come, first served (``fair=True``): a release wakes only the
+      next waiter, so the Redis work per hand-off does not grow with the number of waiters (see
+      :mod:`tasklock.core.queue_scripts`). ``fair=False`` wakes every waiter and lets them race.
+
     Extra keyword-only parameters: ``fence_key`` (counter key; default ``{name}:fence`` in the
     lock's cluster slot), ``watchdog``, ``on_lost`` (called with the lock, from the watchdog thread,
-    when a held lock is found gone) and ``owner_info`` (added to the readable owner metadata).
+    when a held lock is found gone), ``owner_info`` (added to the readable owner metadata) and
+    ``fair``.
     """
-
-    #: What a hold is on the server: a plain key holding the owner's value. (A Semaphore's
-    #: permits are a sorted set, with scripts of their own; the rest of the class is shared.)
-    _ACQUIRE: ClassVar[Script] = ACQUIRE
-    _RELEASE: ClassVar[Script] = RELEASE
-    _EXTEND: ClassVar[Script] = EXTEND
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class Lock(BaseLock):
         watchdog: bool | None = None,
         on_lost: Callable[[BaseLock], Any] | None = None,
         owner_info: Mapping[str, Any] | None = None,
+        fair: bool = True,
     ) -> None:
         super().__init__(
             name,
@@ -83,29 +85,32 @@ class Lock(BaseLock):
                 f"redis must be a redis-py client (redis.Redis), got {type(redis).__name__}"
             )
         self.redis = redis
+        self.fair = check_fair(fair)
         self.fence_key = fence_key_or_default(fence_key, self.name)
-        self._keys = (self.name, self.fence_key)
         self._ttl_ms = max(1, int(self.ttl * 1000))
         self._channel = wake_channel(self.name)
+        self._layout = self._make_layout()
+        if self._layout.fair:
+            self._renew_every = WAITER_LIVENESS / 3
         self._acquiring = f"acquiring lock {self.name!r}"
         self._releasing = f"releasing lock {self.name!r}"
         self._bind(redis)
 
+    def _make_layout(self) -> Layout:
+        return lock_layout(self.name, self.fence_key, self.ttl, self.fair)
+
     def _bind(self, client: Any) -> None:
         # The hot path: acquire and release pre-encoded for this client (see BoundScript).
+        layout = self._layout
         self._bound_to = client
-        self._acquire_script = self._ACQUIRE.bind(client, self._keys, self._acquire_tail())
-        self._release_script = self._RELEASE.bind(client, (self.name,), (self._channel,))
+        self._acquire_script = layout.acquire.bind(client, layout.acquire_keys, layout.acquire_tail)
+        self._release_script = layout.release.bind(client, layout.release_keys, layout.release_tail)
 
-    def _acquire_tail(self) -> tuple[int, ...]:
-        """The acquire script's arguments after the owner token."""
-        return (self._ttl_ms, fence_counter_ttl_ms(self.ttl))
-
-    def _attempt(self, token: str) -> Attempt:
+    def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._acquiring, self._keys):
-            ok, number = self._acquire_script(token)
+        with backend_errors(self.redis, self._acquiring, self._layout.acquire_keys):
+            ok, number = self._acquire_script(*self._layout.attempt_args(token, waiting))
         if ok:
             return Attempt(True, f"{token}#{number}".encode(), int(number))
         return Attempt(False, holder_ttl=number / 1000 if number >= 0 else None)
@@ -113,7 +118,7 @@ class Lock(BaseLock):
     def _release_value(self, value: bytes) -> bool:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._releasing, self._keys[:1]):
+        with backend_errors(self.redis, self._releasing, self._layout.release_keys[:1]):
             released = self._release_script(value)
         if released == PUBLISH_REFUSED:
             warn_wakeup_refused(describe_client(self.redis), "PUBLISH")
@@ -122,33 +127,38 @@ class Lock(BaseLock):
     def _extend_value(self, value: bytes, seconds: float, replace: bool) -> bool:
         ms = max(1, int(seconds * 1000))
         with backend_errors(self.redis, f"extending lock {self.name!r}"):
-            extended = self._EXTEND(self.redis, (self.name,), (value, ms, "1" if replace else "0"))
+            extended = self._layout.extend(
+                self.redis, (self.name,), (value, ms, "1" if replace else "0")
+            )
         return bool(extended)
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
-        call = (self.redis, self._EXTEND, (self.name,), (value, self._ttl_ms, "1"))
+        call = (self.redis, self._layout.extend, (self.name,), (value, self._ttl_ms, "1"))
         return Renewal(self.name, self.ttl, [call], judge_single, on_lost)
 
-    def _waiter(self) -> _Waiter:
-        return hub_for(self.redis).watch(self._channel)
+    def _waiter(self, token: str) -> _Waiter:
+        # A fair waiter is woken by name (the release wakes only the first in the queue).
+        return hub_for(self.redis).watch(self._channel, token=token if self.fair else None)
+
+    def _leave_queue(self, token: str) -> None:
+        leave = self._layout.leave
+        if leave is not None:
+            script, keys, tail = leave
+            with backend_errors(self.redis, f"leaving the queue of {self.name!r}", keys[:1]):
+                script(self.redis, keys, (token, *tail))
 
     def locked(self) -> bool:
         with backend_errors(self.redis, f"reading lock {self.name!r}"):
             return int(self.redis.exists(self.name)) > 0
 
-    def _peek(self) -> tuple[bytes | None, int | None]:
+    def _state(self, value: bytes = b"") -> PermitState:
+        """One read of who holds the name, whichever kind holds it (a Lock's key, or a
+        Semaphore's permits when a deployment moved the name between the two)."""
         with backend_errors(self.redis, f"reading lock {self.name!r}"):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.get(self.name)
-            pipe.pttl(self.name)
-            value, pttl = pipe.execute()
-        if value is None:
-            return None, None
-        return (value.encode() if isinstance(value, str) else value), int(pttl)
+            return PermitState.parse(PERMIT_STATE(self.redis, (self.name,), (value,)))
+
+    def _peek(self) -> tuple[bytes | None, int | None]:
+        return self._state().first()
 
     def _stored_value_is(self, value: bytes) -> bool:
-        with backend_errors(self.redis, f"reading lock {self.name!r}"):
-            stored = self.redis.get(self.name)
-        if isinstance(stored, str):
-            stored = stored.encode()
-        return bool(stored == value)
+        return self._state(value).holds(value)

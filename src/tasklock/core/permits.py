@@ -5,7 +5,7 @@ instead of the one key: everything else (owner tokens, fencing, waiting and wake
 watchdog, ``lost``/``on_lost``, errors) is the lock's, shared, not copied. The difference is the
 layout on the server, a sorted set of permits at the semaphore's name (see the PERMIT_* scripts
 in :mod:`tasklock.core.scripts`), so what differs lives here once for the sync and the asyncio
-driver: :class:`PermitRules` (the scripts and the acquire's arguments) and :class:`PermitState`
+driver: :class:`PermitRules` (the layout: scripts, keys, arguments) and :class:`PermitState`
 (one read of the permits, parsed).
 """
 
@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-from tasklock.core.keys import fence_counter_ttl_ms
+from tasklock.core.layouts import Layout, permit_layout
 from tasklock.core.owner import Holder, parse_value
-from tasklock.core.scripting import Script
-from tasklock.core.scripts import PERMIT_ACQUIRE, PERMIT_EXTEND, PERMIT_RELEASE
 from tasklock.errors import ConfigurationError
 
 __all__ = ["PermitRules", "PermitState", "check_limit"]
@@ -35,22 +33,19 @@ def check_limit(limit: Any) -> int:
 
 
 class PermitRules:
-    """The scripts of a semaphore's hold, for a Lock driver (sync or asyncio) to run.
+    """What makes a Lock driver (sync or asyncio) a semaphore: the permits' layout.
 
-    Mixed in before the driver's Lock class, so these replace the lock's scripts; the limit is
-    an argument of every acquire (so it may change between calls: see PERMIT_ACQUIRE).
-    """
+    Mixed in before the driver's Lock class. The limit is an argument of every acquire, so it
+    may change between calls (see PERMIT_ACQUIRE)."""
 
-    _ACQUIRE: ClassVar[Script] = PERMIT_ACQUIRE
-    _RELEASE: ClassVar[Script] = PERMIT_RELEASE
-    _EXTEND: ClassVar[Script] = PERMIT_EXTEND
-
-    limit: int
+    name: str
+    fence_key: str
     ttl: float
-    _ttl_ms: int
+    fair: bool
+    limit: int
 
-    def _acquire_tail(self) -> tuple[int, ...]:
-        return (self._ttl_ms, fence_counter_ttl_ms(self.ttl), self.limit)
+    def _make_layout(self) -> Layout:
+        return permit_layout(self.name, self.fence_key, self.ttl, self.limit, self.fair)
 
 
 #: PERMIT_STATE's first number when a plain Lock holds the name: no permit can be taken.
@@ -78,6 +73,10 @@ class PermitState:
                 (value.encode() if isinstance(value, str) else bytes(value), int(reply[i + 1]))
             )
         return cls(flag == 1, tuple(pairs), flag == _HELD_BY_A_LOCK)
+
+    def holds(self, value: bytes) -> bool:
+        """True when ``value`` holds the name now (a live permit, or the Lock's key)."""
+        return self.mine or any(stored == value for stored, _ in self.permits)
 
     def full(self, limit: int) -> bool:
         """True when no permit can be taken now (``locked()``)."""

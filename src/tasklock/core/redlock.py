@@ -216,7 +216,7 @@ class Redlock(BaseLock):
     def _release_op(self, owner: bytes, value: bytes) -> Op:
         return script_op(REDLOCK_RELEASE, (self.name,), (owner, value, self._channel))
 
-    def _attempt(self, token: str) -> Attempt:
+    def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         owner = attempt_value(token).encode()
         nodes, n, q = self._nodes, len(self._nodes), self.quorum
         validity = Validity(self.ttl, self.drift)
@@ -362,7 +362,7 @@ class Redlock(BaseLock):
         return self._rules.holder(gets.results, ttls.results)
 
     # -- waiting --------------------------------------------------------------------------------
-    def _waiter(self) -> _Waiter:
+    def _waiter(self, token: str) -> _Waiter:
         return _AnyNodeWaiter(self.clients, self._nodes, self._channel, self.node_timeout)
 
 

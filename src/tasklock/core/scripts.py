@@ -40,8 +40,9 @@ __all__ = [
 #: needs +select.)
 ACL_RULES = (
     "+evalsha +script|load +get +set +del +exists +pttl +pexpire +incr +time +publish +subscribe "
-    "+unsubscribe +ping +type +zadd +zrem +zscore +zrange +zcard +zrangebyscore +zremrangebyscore "
-    "~tasklock:* ~<your lock names> ~{<your lock names>}:fence resetchannels &tasklock:wake:*"
+    "+unsubscribe +ping +type +zadd +zrem +zscore +zrange +zcard +zcount +zrangebyscore "
+    "+zremrangebyscore +rpush +lpop +lrem +lindex +lrange ~tasklock:* ~<your lock names> "
+    "~{<your lock names>}:* resetchannels &tasklock:wake:*"
 )
 
 

@@ -13,11 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tasklock.core.base import BaseLock, Number
-from tasklock.core.connection import backend_errors
 from tasklock.core.lock import Lock
 from tasklock.core.owner import Holder
-from tasklock.core.permits import PermitRules, PermitState, check_limit
-from tasklock.core.scripts import PERMIT_STATE
+from tasklock.core.permits import PermitRules, check_limit
 
 __all__ = ["Semaphore"]
 
@@ -62,6 +60,7 @@ class Semaphore(PermitRules, Lock):
         watchdog: bool | None = None,
         on_lost: Callable[[BaseLock], Any] | None = None,
         owner_info: Mapping[str, Any] | None = None,
+        fair: bool = True,
     ) -> None:
         self.limit = check_limit(limit)
         super().__init__(
@@ -77,11 +76,8 @@ class Semaphore(PermitRules, Lock):
             watchdog=watchdog,
             on_lost=on_lost,
             owner_info=owner_info,
+            fair=fair,
         )
-
-    def _state(self, value: bytes = b"") -> PermitState:
-        with backend_errors(self.redis, f"reading semaphore {self.name!r}"):
-            return PermitState.parse(PERMIT_STATE(self.redis, (self.name,), (value,)))
 
     def locked(self) -> bool:
         """True when all ``limit`` permits are held (an acquire now would wait)."""
@@ -90,12 +86,6 @@ class Semaphore(PermitRules, Lock):
     def holders(self) -> list[tuple[Holder, float | None]]:
         """Who holds the permits now, and for how many more seconds each (first to free first)."""
         return self._state().holders()
-
-    def _peek(self) -> tuple[bytes | None, int | None]:
-        return self._state().first()
-
-    def _stored_value_is(self, value: bytes) -> bool:
-        return self._state(value).mine
 
     def __repr__(self) -> str:
         return (

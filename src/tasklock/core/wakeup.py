@@ -27,6 +27,7 @@ from redis.exceptions import NoPermissionError
 
 from tasklock.core.clock import clock
 from tasklock.core.connection import describe_client
+from tasklock.core.queue_scripts import NEXT_PREFIX
 from tasklock.core.scripts import ACL_RULES
 
 __all__ = [
@@ -82,14 +83,22 @@ def warn_wakeup_refused(where: str, what: str, error: object = None) -> None:
 
 
 class Channel:
-    """One subscribed wake channel: its waiters' events, and whether SUBSCRIBE was confirmed."""
+    """One subscribed wake channel: its waiters' events, and whether SUBSCRIBE was confirmed.
 
-    __slots__ = ("confirmed", "idle_since", "waiters")
+    ``waiters`` wake on every message; ``targets`` (fair waiters, by owner token) wake only on
+    a message naming them (``tasklock:next <token>``, see :mod:`tasklock.core.queue_scripts`)
+    or on any other message (a release that names nobody: an unfair lock's, an older one's)."""
+
+    __slots__ = ("confirmed", "idle_since", "targets", "waiters")
 
     def __init__(self, confirmed: Any) -> None:
         self.confirmed = confirmed  # a threading.Event or an asyncio.Event
         self.waiters: set[Any] = set()
+        self.targets: dict[bytes, set[Any]] = {}
         self.idle_since: float | None = None  # when the last waiter left
+
+    def empty(self) -> bool:
+        return not self.waiters and not self.targets
 
 
 class ChannelBook:
@@ -103,8 +112,9 @@ class ChannelBook:
         self._idle = 0  # channels with no waiter, lingering
         self._swept = 0.0
 
-    def join(self, name: bytes, event: Any) -> tuple[Channel, bool]:
-        """Add a waiter; the channel, and True when it is new (the caller SUBSCRIBEs)."""
+    def join(self, name: bytes, event: Any, token: bytes | None = None) -> tuple[Channel, bool]:
+        """Add a waiter (woken by name when ``token`` is given); the channel, and True when it
+        is new (the caller SUBSCRIBEs)."""
         entry = self.channels.get(name)
         new = entry is None
         if entry is None:
@@ -112,16 +122,26 @@ class ChannelBook:
         if entry.idle_since is not None:
             entry.idle_since = None
             self._idle -= 1
-        entry.waiters.add(event)
+        if token is None:
+            entry.waiters.add(event)
+        else:
+            entry.targets.setdefault(token, set()).add(event)
         return entry, new
 
-    def leave(self, name: bytes, event: Any) -> None:
+    def leave(self, name: bytes, event: Any, token: bytes | None = None) -> None:
         """Remove a waiter; a channel left with none lingers (see :meth:`stale`)."""
         entry = self.channels.get(name)
         if entry is None:
             return
-        entry.waiters.discard(event)
-        if not entry.waiters and entry.idle_since is None:
+        if token is None:
+            entry.waiters.discard(event)
+        else:
+            events = entry.targets.get(token)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del entry.targets[token]
+        if entry.empty() and entry.idle_since is None:
             entry.idle_since = clock.monotonic()
             self._idle += 1
 
@@ -160,6 +180,16 @@ class ChannelBook:
         if kind == "subscribe":
             found.confirmed.set()
         elif kind == "message":
+            data = message.get("data")
+            if isinstance(data, str):
+                data = data.encode()
+            if isinstance(data, bytes) and data.startswith(NEXT_PREFIX):
+                for target in found.targets.get(data[len(NEXT_PREFIX) :], ()):
+                    target.set()
+            else:
+                for events in found.targets.values():
+                    for target in events:
+                        target.set()
             for waiter in found.waiters:
                 waiter.set()
 
@@ -174,18 +204,22 @@ class WakeupHub:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def watch(self, channel: str, event: threading.Event | None = None) -> Subscription:
+    def watch(
+        self, channel: str, event: threading.Event | None = None, token: str | None = None
+    ) -> Subscription:
         """Register a waiter on ``channel``; returns once the subscription is confirmed (or the
         confirmation timed out, in which case the waiter still works by polling).
 
         ``event`` lets several subscriptions (one per Redlock node) share one event, so a waiter
-        wakes on a release seen by any of them.
+        wakes on a release seen by any of them. ``token``: a fair waiter's owner token, woken
+        only when the release names it.
         """
         name = channel.encode()
+        key = token.encode() if token is not None else None
         if event is None:
             event = threading.Event()
         with self._lock:
-            entry, new = self._book.join(name, event)
+            entry, new = self._book.join(name, event, key)
             if new:
                 try:
                     self._pubsub.subscribe(name)
@@ -193,11 +227,11 @@ class WakeupHub:
                     log.debug("wake-up subscribe to %s failed: %s", channel, exc)
             self._ensure_thread()
         entry.confirmed.wait(SUBSCRIBE_CONFIRM_TIMEOUT)
-        return Subscription(self, name, event)
+        return Subscription(self, name, event, key)
 
-    def _forget(self, name: bytes, event: threading.Event) -> None:
+    def _forget(self, name: bytes, event: threading.Event, token: bytes | None) -> None:
         with self._lock:
-            self._book.leave(name, event)
+            self._book.leave(name, event, token)
 
     def _sweep(self) -> None:
         """Unsubscribe channels that have had no waiter for LINGER seconds (listener thread)."""
@@ -255,12 +289,15 @@ class WakeupHub:
 class Subscription:
     """A waiter's handle: :meth:`wait` returns early when the lock is released."""
 
-    __slots__ = ("_event", "_hub", "_name")
+    __slots__ = ("_event", "_hub", "_name", "_token")
 
-    def __init__(self, hub: WakeupHub, name: bytes, event: threading.Event) -> None:
+    def __init__(
+        self, hub: WakeupHub, name: bytes, event: threading.Event, token: bytes | None = None
+    ) -> None:
         self._hub = hub
         self._name = name
         self._event = event
+        self._token = token
 
     def arm(self) -> None:
         """Forget earlier wake-ups; call right before an acquire attempt."""
@@ -270,7 +307,7 @@ class Subscription:
         return clock.wait(self._event, timeout)
 
     def close(self) -> None:
-        self._hub._forget(self._name, self._event)
+        self._hub._forget(self._name, self._event, self._token)
 
 
 def listener_client(client: Any) -> Any:

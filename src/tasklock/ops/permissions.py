@@ -22,7 +22,7 @@ from typing import Any
 import redis.exceptions as redis_errors
 
 from tasklock.core.keys import fence_key_for, wake_channel
-from tasklock.core.scripts import ACQUIRE, RELEASE
+from tasklock.core.layouts import Layout, lock_layout, permit_layout
 from tasklock.core.wakeup import PUBLISH_REFUSED
 
 __all__ = ["Permissions", "probe_permissions"]
@@ -48,12 +48,14 @@ def probe_permissions(client: Any, key_prefix: str = "tasklock") -> Permissions:
     """
     found = Permissions()
     key = f"{key_prefix}:{{doctor}}:probe:{secrets.token_hex(4)}"
-    owner = f"doctor-{secrets.token_hex(8)}"
     try:
-        acquired, fence = ACQUIRE(client, (key, fence_key_for(key)), (owner, 5000, 5000))
-        if acquired:
-            value = f"{owner}#{fence}"
-            if RELEASE(client, (key,), (value, wake_channel(key))) == PUBLISH_REFUSED:
+        # A lock taken, a second owner queued behind it and leaving, the release; then a
+        # semaphore's permit: every command the lock and permit scripts call runs once.
+        for layout in (
+            lock_layout(key, fence_key_for(key), PROBE_TTL, fair=True),
+            permit_layout(key, fence_key_for(key), PROBE_TTL, 2, fair=True),
+        ):
+            if _probe(client, layout) == PUBLISH_REFUSED:
                 found.publish = f"PUBLISH to {wake_channel(key)} refused inside the release script"
     except redis_errors.ResponseError as exc:  # NoPermissionError, or NOPERM inside a script
         found.scripts = str(exc)
@@ -63,6 +65,33 @@ def probe_permissions(client: Any, key_prefix: str = "tasklock") -> Permissions:
             client.delete(fence_key_for(key))
     found.subscribe = _subscribe_refused(client, wake_channel(key))
     return found
+
+
+#: The probe's TTL (seconds): whatever a refused step leaves behind expires by itself.
+PROBE_TTL = 5.0
+
+
+def _probe(client: Any, layout: Layout) -> Any:
+    """Take with ``layout``; have a second owner try as a waiter (a Lock queues it, a semaphore
+    of two gives it the second permit) and leave or release; release. The last answer."""
+    owner, other = f"doctor-{secrets.token_hex(8)}", f"doctor-{secrets.token_hex(8)}"
+    acquired, fence = layout.acquire(
+        client, layout.acquire_keys, (*layout.attempt_args(owner, False), *layout.acquire_tail)
+    )
+    if not acquired:
+        return None
+    if layout.leave is not None:
+        took, other_fence = layout.acquire(
+            client, layout.acquire_keys, (*layout.attempt_args(other, True), *layout.acquire_tail)
+        )
+        if took:
+            value = f"{other}#{other_fence}".encode()
+            layout.release(client, layout.release_keys, (value, *layout.release_tail))
+        else:
+            script, keys, tail = layout.leave
+            script(client, keys, (other, *tail))
+    value = f"{owner}#{fence}".encode()
+    return layout.release(client, layout.release_keys, (value, *layout.release_tail))
 
 
 def _subscribe_refused(client: Any, channel: str) -> str | None:

@@ -140,10 +140,11 @@ def test_acquire_loads_the_scripts_on_noscript(
 
 def handoff(cluster: RedisClusterServers, rc: RedisCluster, name: str) -> bool:
     """A holder here, a waiter (first poll 15-30 s away) in a thread; True when the waiter got
-    the lock within WAKE_DEADLINE of the holder's release."""
-    holder = tasklock.Lock(rc, name, timeout=300)
+    the lock within WAKE_DEADLINE of the holder's release. (fair=False: a queued waiter would
+    try every second to keep its place, and the EVALSHA count below proves no poll.)"""
+    holder = tasklock.Lock(rc, name, timeout=300, fair=False)
     assert holder.acquire()
-    waiter = tasklock.Lock(rc, name, timeout=30, sleep=BIG_SLEEP)
+    waiter = tasklock.Lock(rc, name, timeout=30, sleep=BIG_SLEEP, fair=False)
     node = cluster.node_for(name)
     direct = node.client()
     direct.config_resetstat()  # from here: the waiter's tries and the release
@@ -170,7 +171,7 @@ def test_waiters_are_woken_by_the_release_on_every_node(
 ) -> None:
     names = redis_cluster.names_on_every_node("handoff")
     for name in names:  # the scripts are loaded: no NOSCRIPT round trips counted below
-        with tasklock.Lock(rc, name, timeout=5):
+        with tasklock.Lock(rc, name, timeout=5, fair=False):
             pass
     for name in names:
         node = redis_cluster.node_for(name)

@@ -116,11 +116,13 @@ def test_fences_strictly_increase_also_when_the_counter_is_lost(r: redis.Redis) 
 
 
 def test_waiter_is_woken_by_the_release(r: redis.Redis) -> None:
-    with tasklock.Lock(r, "warm-up", timeout=5):  # the scripts are loaded: no NOSCRIPT below
+    with tasklock.Lock(r, "warm-up", timeout=5, fair=False):  # scripts loaded: no NOSCRIPT below
         pass
-    holder = tasklock.Lock(r, "handoff", timeout=300)
+    # fair=False: a queued waiter tries every second to keep its place; the count below proves
+    # the wake-up came from the release, with no poll (the fair path: test_fair_waiting.py).
+    holder = tasklock.Lock(r, "handoff", timeout=300, fair=False)
     assert holder.acquire()
-    waiter = tasklock.Lock(r, "handoff", timeout=30, sleep=BIG_SLEEP)
+    waiter = tasklock.Lock(r, "handoff", timeout=30, sleep=BIG_SLEEP, fair=False)
     r.config_resetstat()
 
     def asleep() -> None:

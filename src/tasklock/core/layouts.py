@@ -1,0 +1,120 @@
+"""What a single-instance lock or semaphore runs on its server, decided once for both drivers.
+
+A :class:`Layout` names the scripts, keys and fixed arguments of acquire, release, extend and
+(with fair waiting) leaving the queue. :class:`tasklock.Lock` and :class:`tasklock.Semaphore`,
+sync and asyncio, differ only in the layout they build: a plain key or a sorted set of permits,
+each with or without the FIFO queue (``fair``). The drivers send what the layout says and do
+nothing else differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tasklock.core.keys import fence_counter_ttl_ms, queue_keys_for, wake_channel
+from tasklock.core.queue_scripts import (
+    FAIR_ACQUIRE,
+    FAIR_PERMIT_ACQUIRE,
+    FAIR_PERMIT_RELEASE,
+    FAIR_RELEASE,
+    LEAVE_QUEUE,
+)
+from tasklock.core.scripting import Script
+from tasklock.core.scripts import (
+    ACQUIRE,
+    EXTEND,
+    PERMIT_ACQUIRE,
+    PERMIT_EXTEND,
+    PERMIT_RELEASE,
+    RELEASE,
+)
+
+__all__ = ["WAITER_LIVENESS", "Layout", "lock_layout", "permit_layout"]
+
+#: How long a queued waiter stays in the queue without renewing (seconds). A waiter renews with
+#: every attempt, at most a second apart (MAX_POLL_INTERVAL), so only one that died, hung or lost
+#: its connection drops out; and it holds the queue up for no longer than this.
+WAITER_LIVENESS = 3.0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The server side of one lock object (see the module docstring)."""
+
+    acquire: Script
+    acquire_keys: tuple[str, ...]
+    #: The acquire's arguments after the per-call ones (the owner token, and with ``fair`` the
+    #: "this attempt waits" flag).
+    acquire_tail: tuple[Any, ...]
+    release: Script
+    release_keys: tuple[str, ...]
+    release_tail: tuple[Any, ...]
+    extend: Script
+    #: With fair waiting: the script, keys and trailing arguments that take an owner token out
+    #: of the queue (after a waiter gave up); None without.
+    leave: tuple[Script, tuple[str, ...], tuple[Any, ...]] | None = None
+
+    @property
+    def fair(self) -> bool:
+        return self.leave is not None
+
+    def attempt_args(self, owner: str, waiting: bool) -> tuple[str, ...]:
+        """The acquire's per-call arguments: the owner token, and (fair) whether it waits."""
+        if self.leave is None:
+            return (owner,)
+        return (owner, "1" if waiting else "0")
+
+
+def lock_layout(name: str, fence_key: str, ttl: float, fair: bool) -> Layout:
+    """A Lock: one key holding ``<owner>#<fence>``."""
+    ttl_ms = max(1, int(ttl * 1000))
+    channel = wake_channel(name)
+    if not fair:
+        return Layout(
+            ACQUIRE,
+            (name, fence_key),
+            (ttl_ms, fence_counter_ttl_ms(ttl)),
+            RELEASE,
+            (name,),
+            (channel,),
+            EXTEND,
+        )
+    queue, waiters = queue_keys_for(name)
+    return Layout(
+        FAIR_ACQUIRE,
+        (name, fence_key, queue, waiters),
+        (ttl_ms, fence_counter_ttl_ms(ttl), int(WAITER_LIVENESS * 1000)),
+        FAIR_RELEASE,
+        (name, queue, waiters),
+        (channel,),
+        EXTEND,
+        (LEAVE_QUEUE, (name, queue, waiters), (channel, 1)),
+    )
+
+
+def permit_layout(name: str, fence_key: str, ttl: float, limit: int, fair: bool) -> Layout:
+    """A Semaphore: a sorted set of ``limit`` permits (see PERMIT_ACQUIRE)."""
+    ttl_ms = max(1, int(ttl * 1000))
+    channel = wake_channel(name)
+    if not fair:
+        return Layout(
+            PERMIT_ACQUIRE,
+            (name, fence_key),
+            (ttl_ms, fence_counter_ttl_ms(ttl), limit),
+            PERMIT_RELEASE,
+            (name,),
+            (channel,),
+            PERMIT_EXTEND,
+        )
+    queue, waiters = queue_keys_for(name)
+    return Layout(
+        FAIR_PERMIT_ACQUIRE,
+        (name, fence_key, queue, waiters),
+        (ttl_ms, fence_counter_ttl_ms(ttl), limit, int(WAITER_LIVENESS * 1000)),
+        FAIR_PERMIT_RELEASE,
+        (name, queue, waiters),
+        (channel, limit),
+        PERMIT_EXTEND,
+        (LEAVE_QUEUE, (name, queue, waiters), (channel, limit)),
+    )

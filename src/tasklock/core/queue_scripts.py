@@ -1,0 +1,299 @@
+"""The Lua of fair waiting: a FIFO queue of waiters per lock; a release wakes only the next.
+
+Without it, every release wakes every waiter and all of them try (a herd: with 64 waiters, about
+195 Redis commands per acquisition, and some waiters starve). With it (``fair=True``, the default
+for :class:`tasklock.Lock` and :class:`tasklock.Semaphore`), each name has a queue in its own
+cluster slot (see :func:`tasklock.core.keys.queue_keys_for`):
+
+* ``{name}:queue``, a list of waiter tokens in arrival order, and
+* ``{name}:waiters``, a sorted set of the same tokens scored by their liveness deadline (ms, on the
+  server's clock).
+
+A waiter joins at the tail with the attempt it makes after subscribing to the wake channel (so it
+cannot miss the release that makes it first), and renews its deadline with every later attempt; a
+free lock (or permit) may be taken only by the waiters at the head of the queue, or by anyone
+when the queue is empty. A release publishes ``tasklock:next <token>`` for the first live waiter
+only, and each process's listener wakes just that waiter. A waiter that gives up leaves the queue
+at once (and passes the wake-up on when it was first); one that died (SIGKILL, lost connection)
+stops renewing and is dropped when its deadline passes, by whichever attempt or release next
+looks at the head. The queue keys expire with their last waiter.
+
+One copy of the queue's rules: every script below starts with :data:`QUEUE_FUNCTIONS`.
+"""
+
+from __future__ import annotations
+
+from tasklock.core.scripting import Script
+
+__all__ = [
+    "FAIR_ACQUIRE",
+    "FAIR_PERMIT_ACQUIRE",
+    "FAIR_PERMIT_RELEASE",
+    "FAIR_RELEASE",
+    "LEAVE_QUEUE",
+    "NEXT_PREFIX",
+    "QUEUE_FUNCTIONS",
+]
+
+#: A wake-up message for one waiter: this prefix, then its token. Any other message on a wake
+#: channel (a lock name: an unfair lock's release, or an older tasklock's) wakes every waiter.
+NEXT_PREFIX = b"tasklock:next "
+
+QUEUE_FUNCTIONS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+-- The first live waiter and its deadline (nil when none), dropping dead ones at the head.
+local function queue_head(q, w, now)
+  while true do
+    local head = redis.call('LINDEX', q, 0)
+    if not head then
+      return nil
+    end
+    local deadline = tonumber(redis.call('ZSCORE', w, head))
+    if deadline and deadline > now then
+      return head, deadline
+    end
+    redis.call('LPOP', q)
+    redis.call('ZREM', w, head)
+  end
+end
+-- Join at the tail, or stay in place, with a deadline `liveness` ms from now. The keys live as
+-- long as the latest deadline (every live waiter renews within its liveness).
+local function queue_join(q, w, token, now, liveness)
+  if not redis.call('ZSCORE', w, token) then
+    redis.call('RPUSH', q, token)
+  end
+  redis.call('ZADD', w, string.format('%d', now + liveness), token)
+  redis.call('PEXPIRE', q, liveness)
+  redis.call('PEXPIRE', w, liveness)
+end
+local function queue_leave(q, w, token)
+  redis.call('LREM', q, 1, token)
+  redis.call('ZREM', w, token)
+end
+-- Wake the first `count` live waiters (dead heads dropped); with nobody queued, wake everyone
+-- on the channel (unfair waiters, and older tasklocks, listen for any message). Returns what
+-- the last PUBLISH returned (a table when it was refused).
+local function wake_next(q, w, channel, fallback, count)
+  if redis.call('LINDEX', q, 0) == false then
+    return redis.pcall('PUBLISH', channel, fallback)
+  end
+  local now = now_ms()
+  queue_head(q, w, now)
+  local waiting = redis.call('LRANGE', q, 0, count - 1)
+  if #waiting == 0 then
+    return redis.pcall('PUBLISH', channel, fallback)
+  end
+  local answer
+  for i = 1, #waiting do
+    answer = redis.pcall('PUBLISH', channel, 'tasklock:next ' .. waiting[i])
+  end
+  return answer
+end
+-- May `token` take one of `free` free places? True when it is among the first `free` queued
+-- (live) waiters, or when fewer than `free` are queued and it is not queued at all.
+local function may_take(q, w, token, now, free)
+  local head, deadline = queue_head(q, w, now)
+  if not head then
+    return true, nil
+  end
+  local first = redis.call('LRANGE', q, 0, free - 1)
+  for i = 1, #first do
+    if first[i] == token then
+      return true, deadline
+    end
+  end
+  if #first < free and not redis.call('ZSCORE', w, token) then
+    return true, deadline
+  end
+  return false, deadline
+end
+"""
+
+# KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters' deadlines
+# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] TTL in ms,
+# ARGV[4] the fence counter's TTL in ms, ARGV[5] a waiter's liveness in ms
+# Returns {1, fence} when acquired, or {0, ms}: ms until the holder's key expires (-1: no TTL),
+# or, when the lock is free but others are queued first, until the first one's deadline. The
+# fence and the idempotent retry are ACQUIRE's (see tasklock.core.scripts).
+FAIR_ACQUIRE = Script(
+    "fair_acquire",
+    QUEUE_FUNCTIONS
+    + """
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then
+  local current = redis.pcall('GET', KEYS[1])
+  local mine = ARGV[1] .. '#'
+  if type(current) == 'string' and string.sub(current, 1, #mine) == mine then
+    return {1, tonumber(string.sub(current, #mine + 1))}
+  end
+  if ARGV[2] == '1' then
+    queue_join(KEYS[3], KEYS[4], ARGV[1], now_ms(), tonumber(ARGV[5]))
+  end
+  return {0, pttl}
+end
+local now, time = now_ms()
+local allowed, deadline = may_take(KEYS[3], KEYS[4], ARGV[1], now, 1)
+if not allowed then
+  if ARGV[2] == '1' then
+    queue_join(KEYS[3], KEYS[4], ARGV[1], now, tonumber(ARGV[5]))
+  end
+  return {0, deadline - now}
+end
+if deadline then
+  queue_leave(KEYS[3], KEYS[4], ARGV[1])
+end
+local fence = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local last = tonumber(redis.call('GET', KEYS[2]))
+if last and last >= fence then
+  fence = last + 1
+end
+local text = string.format('%d', fence)
+redis.call('SET', KEYS[2], text, 'PX', ARGV[4])
+redis.call('SET', KEYS[1], ARGV[1] .. '#' .. text, 'PX', ARGV[3])
+return {1, fence}
+""",
+)
+
+# KEYS[1] lock key, KEYS[2] queue, KEYS[3] waiters' deadlines
+# ARGV[1] the value this owner stored, ARGV[2] wake channel
+# Returns RELEASE's answers: 1 released (the next waiter told), 2 released but the PUBLISH was
+# refused, 0 not owned.
+FAIR_RELEASE = Script(
+    "fair_release",
+    QUEUE_FUNCTIONS
+    + """
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if type(wake_next(KEYS[2], KEYS[3], ARGV[2], KEYS[1], 1)) == 'table' then
+    return 2
+  end
+  return 1
+end
+return 0
+""",
+)
+
+# A waiter that gives up (its blocking_timeout passed, it was cancelled, an error) leaves the
+# queue at once; when the lock (or a permit) is free, the waiters now first are woken, in case
+# the wake-up had gone to the one leaving.
+# KEYS[1] lock key (or permits), KEYS[2] queue, KEYS[3] waiters' deadlines
+# ARGV[1] owner token, ARGV[2] wake channel, ARGV[3] limit (1 for a lock)
+# Returns 1.
+LEAVE_QUEUE = Script(
+    "leave_queue",
+    QUEUE_FUNCTIONS
+    + """
+local was_queued = redis.call('ZSCORE', KEYS[3], ARGV[1])
+queue_leave(KEYS[2], KEYS[3], ARGV[1])
+if was_queued then
+  local kind = redis.call('TYPE', KEYS[1]).ok
+  local free = 0
+  if kind == 'none' then
+    free = tonumber(ARGV[3])
+  elseif kind == 'zset' then
+    free = tonumber(ARGV[3]) - redis.call('ZCOUNT', KEYS[1], string.format('(%d', now_ms()), '+inf')
+  end
+  if free > 0 then
+    wake_next(KEYS[2], KEYS[3], ARGV[2], KEYS[1], free)
+  end
+end
+return 1
+""",
+)
+
+# A semaphore's acquire with the queue (see PERMIT_ACQUIRE for the permits themselves).
+# KEYS[1] permits, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters' deadlines
+# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] TTL in ms,
+# ARGV[4] the fence counter's TTL in ms, ARGV[5] limit, ARGV[6] a waiter's liveness in ms
+# Returns {1, fence}, or {0, ms until the first permit expires, or until the first queued
+# waiter's deadline when a permit is free but others are queued first}.
+FAIR_PERMIT_ACQUIRE = Script(
+    "fair_permit_acquire",
+    QUEUE_FUNCTIONS
+    + """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'zset' and kind ~= 'none' then
+  if ARGV[2] == '1' then
+    queue_join(KEYS[3], KEYS[4], ARGV[1], now_ms(), tonumber(ARGV[6]))
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local ms, time = now_ms()
+local taken = 0
+if kind == 'zset' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', ms))
+  local mine = ARGV[1] .. '#'
+  local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+  for i = 1, #members do
+    if string.sub(members[i], 1, #mine) == mine then
+      return {1, tonumber(string.sub(members[i], #mine + 1))}
+    end
+  end
+  taken = #members
+end
+local free = tonumber(ARGV[5]) - taken
+local allowed, deadline = false, nil
+if free > 0 then
+  allowed, deadline = may_take(KEYS[3], KEYS[4], ARGV[1], ms, free)
+end
+if not allowed then
+  if ARGV[2] == '1' then
+    queue_join(KEYS[3], KEYS[4], ARGV[1], ms, tonumber(ARGV[6]))
+  end
+  if deadline then
+    return {0, deadline - ms}
+  end
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, tonumber(first[2]) - ms}
+end
+if deadline then
+  queue_leave(KEYS[3], KEYS[4], ARGV[1])
+end
+local fence = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local last = tonumber(redis.call('GET', KEYS[2]))
+if last and last >= fence then
+  fence = last + 1
+end
+local text = string.format('%d', fence)
+local ttl = tonumber(ARGV[3])
+redis.call('SET', KEYS[2], text, 'PX', ARGV[4])
+redis.call('ZADD', KEYS[1], string.format('%d', ms + ttl), ARGV[1] .. '#' .. text)
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return {1, fence}
+""",
+)
+
+# A semaphore's release with the queue (see PERMIT_RELEASE): as many queued waiters are woken as
+# permits are free (two releases in quick succession must wake two waiters, not the same first
+# one twice while it has not taken its permit yet).
+# KEYS[1] permits, KEYS[2] queue, KEYS[3] waiters' deadlines
+# ARGV[1] the value this owner stored, ARGV[2] wake channel, ARGV[3] limit
+# Returns PERMIT_RELEASE's answers.
+FAIR_PERMIT_RELEASE = Script(
+    "fair_permit_release",
+    QUEUE_FUNCTIONS
+    + """
+if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
+  return 0
+end
+local expires = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expires then
+  return 0
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+local now = now_ms()
+if tonumber(expires) <= now then
+  return 0
+end
+local free = tonumber(ARGV[3]) - redis.call('ZCOUNT', KEYS[1], string.format('(%d', now), '+inf')
+if type(wake_next(KEYS[2], KEYS[3], ARGV[2], KEYS[1], math.max(free, 1))) == 'table' then
+  return 2
+end
+return 1
+""",
+)
