@@ -125,6 +125,31 @@ def test_the_listener_wakes_only_the_named_waiter() -> None:
     assert book.channels[b"ch"].empty()
 
 
+def _wait_then_give_up(port: int, result: str) -> None:
+    lock = tasklock.Lock(redis.Redis(port=port), "giveup-proc", timeout=30)
+    got = lock.acquire(blocking_timeout=1.5)
+    # Read before this process ends: leaving is the give-up's own doing, not the liveness's.
+    left = redis.Redis(port=port).llen(queue_keys_for("giveup-proc")[0])
+    Path(result).write_text(f"{got} {left}")
+
+
+def test_a_waiter_process_that_gives_up_leaves_the_queue_at_once(
+    redis_server: RedisServer, r: redis.Redis, tmp_path: Path
+) -> None:
+    holder = tasklock.Lock(r, "giveup-proc", timeout=30)
+    assert holder.acquire()
+    result = tmp_path / "result"
+    process = get_context("spawn").Process(
+        target=_wait_then_give_up, args=(redis_server.port, str(result))
+    )
+    process.start()
+    eventually(lambda: len(queued(r, "giveup-proc")) == 1, timeout=30, what="it queued")
+    process.join(30)
+    assert process.exitcode == 0
+    assert result.read_text() == "False 0"
+    holder.release()
+
+
 def test_a_waiter_that_gives_up_leaves_the_queue_at_once(r: redis.Redis) -> None:
     holder = tasklock.Lock(r, "giveup", timeout=30)
     assert holder.acquire()
