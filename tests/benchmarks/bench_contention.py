@@ -289,6 +289,10 @@ def run_point(
         "commands": calls,
         "commands_per_acquisition": calls / acquired,
         "commands_by_name": by_command,
+        # calls that ran a script: every tasklock call; the release of redis-py's and of
+        # python-redis-lock's locks
+        "scripts_per_acquisition": (by_command.get("evalsha", 0) + by_command.get("eval", 0))
+        / acquired,
         "wait_ms_p50": percentile(waits, 0.5),
         "wait_ms_p99": percentile(waits, 0.99),
         "wait_ms_max": max(waits),
