@@ -140,6 +140,10 @@ class AsyncBaseLock(LeaseCore):
     async def _waiter(self, token: str) -> _AsyncWaiter:
         raise NotImplementedError
 
+    async def _early_waiter(self, token: str) -> _AsyncWaiter | None:
+        """As :meth:`tasklock.core.base.BaseLock._early_waiter`."""
+        return None
+
     async def locked(self) -> bool:
         """True if this lock name is held by anyone."""
         raise NotImplementedError
@@ -205,6 +209,10 @@ class AsyncBaseLock(LeaseCore):
         waiter: _AsyncWaiter | None = None
         acquired = False
         try:
+            if rules.may_wait:
+                waiter = await self._early_waiter(owner)
+                if waiter is not None:
+                    rules.subscribed()
             while True:
                 if waiter is not None:
                     waiter.arm()

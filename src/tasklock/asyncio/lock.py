@@ -8,6 +8,7 @@ owner-checked release and extend; see :mod:`tasklock.core.scripts`), awaited on 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ from tasklock.asyncio._base import AsyncBaseLock, _AsyncWaiter
 from tasklock.asyncio.background import keep
 from tasklock.asyncio.lanes import AsyncBoundScript
 from tasklock.asyncio.scripts import run_script
-from tasklock.asyncio.wakeup import async_hub_for
+from tasklock.asyncio.wakeup import AsyncWakeupHub, async_hub_for
 from tasklock.core.connection import backend_errors, describe_client
 from tasklock.core.keys import wake_channel
 from tasklock.core.layouts import WAITER_LIVENESS, Layout, lock_layout
@@ -81,6 +82,7 @@ class Lock(AsyncBaseLock):
         self._ttl_ms = max(1, int(self.ttl * 1000))
         self._channel = wake_channel(self.name)
         self._layout = self._make_layout()
+        self._hub_cache: tuple[Any, Any, AsyncWakeupHub] | None = None
         if self._layout.fair:
             self._renew_every = WAITER_LIVENESS / 3
         self._acquiring = f"acquiring lock {self.name!r}"
@@ -146,16 +148,33 @@ class Lock(AsyncBaseLock):
         call = (self.redis, self._layout.extend, (self.name,), (value, self._ttl_ms, "1"))
         return Renewal(self.name, self.ttl, [call], judge_single, on_lost)
 
+    def _hub(self) -> AsyncWakeupHub:
+        """This client's wake-up hub on the running loop, looked up once per client and loop."""
+        cached = self._hub_cache
+        loop = asyncio.get_running_loop()
+        if cached is None or cached[0]() is not loop or cached[1] is not self.redis:
+            # (A weak reference: a lock object must not keep a closed loop alive.)
+            cached = self._hub_cache = (weakref.ref(loop), self.redis, async_hub_for(self.redis))
+        return cached[2]
+
     async def _waiter(self, token: str) -> _AsyncWaiter:
-        hub = async_hub_for(self.redis)
-        return await hub.watch(self._channel, token=token if self.fair else None)
+        hub = self._hub()
+        if self.fair:  # woken by name (see queue_scripts)
+            return await hub.watch(self._channel, token=self._layout.member(token))
+        return await hub.watch(self._channel)
+
+    async def _early_waiter(self, token: str) -> _AsyncWaiter | None:
+        if self.fair and self._hub().live(self._channel):
+            return await self._waiter(token)
+        return None
 
     async def _leave_queue(self, token: str) -> None:
         leave = self._layout.leave
         if leave is not None:
             script, keys, tail = leave
+            member = self._layout.member(token)
             with backend_errors(self.redis, f"leaving the queue of {self.name!r}", keys[:1]):
-                await run_script(self.redis, script, keys, (token, *tail))
+                await run_script(self.redis, script, keys, (member, *tail))
 
     async def locked(self) -> bool:
         with backend_errors(self.redis, f"reading lock {self.name!r}"):

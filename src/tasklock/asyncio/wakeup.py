@@ -72,6 +72,12 @@ class AsyncWakeupHub:
                 pass
         return AsyncSubscription(self, name, event, key)
 
+    def live(self, channel: str) -> bool:
+        """True when ``channel`` is subscribed here already (a waiter on it needs no SUBSCRIBE
+        round trip, and no second try to catch a release made before it was subscribed)."""
+        entry = self._book.channels.get(channel.encode())
+        return entry is not None and entry.confirmed.is_set()
+
     def _forget(self, name: bytes, event: asyncio.Event, token: bytes | None) -> None:
         self._book.leave(name, event, token)
 

@@ -83,6 +83,12 @@ class BaseLock(LeaseCore):
     def _waiter(self, token: str) -> _Waiter:
         raise NotImplementedError
 
+    def _early_waiter(self, token: str) -> _Waiter | None:
+        """A waiter to register before the first attempt, when that costs no round trip (the
+        wake channel is subscribed already): then the first attempt waits too, and no second
+        one is needed to catch a release. None: subscribe after a failed first attempt."""
+        return None
+
     def locked(self) -> bool:
         """True if this lock name is held by anyone."""
         raise NotImplementedError
@@ -118,6 +124,10 @@ class BaseLock(LeaseCore):
         waiter: _Waiter | None = None
         acquired = False
         try:
+            if rules.may_wait:
+                waiter = self._early_waiter(owner)
+                if waiter is not None:
+                    rules.subscribed()
             while True:
                 if waiter is not None:
                     waiter.arm()

@@ -14,6 +14,9 @@ the same hash tag as the name. On a single Redis (or Redlock masters) this does 
 
 from __future__ import annotations
 
+import os
+import secrets
+
 __all__ = [
     "FENCE_COUNTER_TTL",
     "fence_counter_ttl_ms",
@@ -21,6 +24,7 @@ __all__ = [
     "hash_tag",
     "queue_keys_for",
     "wake_channel",
+    "wake_id",
 ]
 
 WAKE_PREFIX = "tasklock:wake:"
@@ -76,3 +80,20 @@ def fence_counter_ttl_ms(lock_ttl: float) -> int:
 def wake_channel(name: str) -> str:
     """The pub/sub channel on which a release of ``name`` wakes waiters."""
     return WAKE_PREFIX + name
+
+
+_wake_id = secrets.token_hex(4)
+
+
+def wake_id() -> str:
+    """This process's wake id: eight hex digits, new in every process (and after a fork). A fair
+    waiter queues as ``<wake id> <owner token>``, so a release knows which process to wake."""
+    return _wake_id
+
+
+def _new_wake_id() -> None:
+    global _wake_id
+    _wake_id = secrets.token_hex(4)
+
+
+os.register_at_fork(after_in_child=_new_wake_id)

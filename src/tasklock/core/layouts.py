@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasklock.core.keys import fence_counter_ttl_ms, queue_keys_for, wake_channel
+from tasklock.core.keys import fence_counter_ttl_ms, queue_keys_for, wake_channel, wake_id
 from tasklock.core.queue_scripts import (
     FAIR_ACQUIRE,
     FAIR_PERMIT_ACQUIRE,
@@ -60,10 +60,16 @@ class Layout:
         return self.leave is not None
 
     def attempt_args(self, owner: str, waiting: bool) -> tuple[str, ...]:
-        """The acquire's per-call arguments: the owner token, and (fair) whether it waits."""
+        """The acquire's per-call arguments: the owner token, and (fair) whether it waits and
+        this process's wake id (read per call: a forked child has its own)."""
         if self.leave is None:
             return (owner,)
-        return (owner, "1" if waiting else "0")
+        return (owner, "1" if waiting else "0", wake_id())
+
+    @staticmethod
+    def member(owner: str) -> str:
+        """How a waiter of this process with ``owner`` stands in a queue."""
+        return f"{wake_id()} {owner}"
 
 
 def lock_layout(name: str, fence_key: str, ttl: float, fair: bool) -> Layout:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -140,6 +141,16 @@ class AcquireLoop:
         self._subscribed = False
         self._backoff: Backoff | None = None
 
+    @property
+    def may_wait(self) -> bool:
+        """True when a failed first attempt would be followed by waiting."""
+        return self._blocking and (self._deadline is None or self._deadline > clock.monotonic())
+
+    def subscribed(self) -> None:
+        """The driver subscribed before the first attempt (the channel was live already): no
+        SUBSCRIBE step after a failure."""
+        self._subscribed = True
+
     def after_failure(self, attempt: Attempt) -> float | str:
         if not self._blocking:
             return GIVE_UP
@@ -149,12 +160,26 @@ class AcquireLoop:
         if not self._subscribed:
             self._subscribed = True
             return SUBSCRIBE
+        if self._renew_every is not None:
+            # Queued: the release names this waiter, so polling fast would only cost Redis work
+            # (and grow with the number of waiters). Try again to renew the place in the queue,
+            # or when the holder's key (or the first waiter's place) would run out, whichever
+            # comes first; drawn so that many waiters' renewals do not come in step.
+            delay = self._renew_every * (0.75 + 0.25 * _renew_jitter.random())
+            if attempt.holder_ttl is not None and attempt.holder_ttl >= 0:
+                delay = min(delay, attempt.holder_ttl + 0.001)
+            if remaining is not None:
+                delay = min(delay, remaining)
+            return max(0.0, delay)
         if self._backoff is None:
             self._backoff = Backoff(self._sleep, max(self._sleep, MAX_POLL_INTERVAL))
-        delay = self._backoff.next_delay(remaining, attempt.holder_ttl)
-        if self._renew_every is not None:
-            delay = min(delay, self._renew_every)
-        return delay
+        return self._backoff.next_delay(remaining, attempt.holder_ttl)
+
+
+#: Jitter of a queued waiter's renewals: a generator of its own (reseeded after a fork), so an
+#: application that seeds the random module for reproducible runs is not disturbed.
+_renew_jitter = random.Random()
+os.register_at_fork(after_in_child=_renew_jitter.seed)
 
 
 class LostFlag(threading.Event):
@@ -317,7 +342,8 @@ class LeaseCore:
         return owner, AcquireLoop(bool(blocking), deadline, float(sleep), self._renew_every)
 
     #: How often a waiter must try to keep its place in the queue (None: no queue). Set by
-    #: fair locks (a third of WAITER_LIVENESS), so ``sleep`` beyond it is cut to it.
+    #: fair locks (a third of WAITER_LIVENESS); a queued waiter waits for the release that names
+    #: it, trying again only this often (``sleep`` and the backoff are for unqueued waiters).
     _renew_every: float | None = None
 
     #: Whose hold it is, in messages: a thread's (sync) or a task's (asyncio).

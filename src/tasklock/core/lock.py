@@ -10,6 +10,7 @@ blocked acquire is woken by the release's PUBLISH.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,7 +22,7 @@ from tasklock.core.lease import check_fair, fence_key_or_default
 from tasklock.core.permits import PermitState
 from tasklock.core.renewal import judge_single
 from tasklock.core.scripts import PERMIT_STATE
-from tasklock.core.wakeup import PUBLISH_REFUSED, hub_for, warn_wakeup_refused
+from tasklock.core.wakeup import PUBLISH_REFUSED, WakeupHub, hub_for, warn_wakeup_refused
 from tasklock.core.watchdog import Renewal
 from tasklock.errors import ConfigurationError
 
@@ -90,6 +91,7 @@ class Lock(BaseLock):
         self._ttl_ms = max(1, int(self.ttl * 1000))
         self._channel = wake_channel(self.name)
         self._layout = self._make_layout()
+        self._hub_cache: tuple[int, Any, WakeupHub] | None = None
         if self._layout.fair:
             self._renew_every = WAITER_LIVENESS / 3
         self._acquiring = f"acquiring lock {self.name!r}"
@@ -136,16 +138,31 @@ class Lock(BaseLock):
         call = (self.redis, self._layout.extend, (self.name,), (value, self._ttl_ms, "1"))
         return Renewal(self.name, self.ttl, [call], judge_single, on_lost)
 
+    def _hub(self) -> WakeupHub:
+        """This client's wake-up hub, looked up once per client and process (every blocking
+        acquire asks it whether the process channel is live)."""
+        cached = self._hub_cache
+        pid = os.getpid()
+        if cached is None or cached[0] != pid or cached[1] is not self.redis:
+            cached = self._hub_cache = (pid, self.redis, hub_for(self.redis))
+        return cached[2]
+
     def _waiter(self, token: str) -> _Waiter:
-        # A fair waiter is woken by name (the release wakes only the first in the queue).
-        return hub_for(self.redis).watch(self._channel, token=token if self.fair else None)
+        if self.fair:  # woken by name (see queue_scripts)
+            return self._hub().watch(self._channel, token=self._layout.member(token))
+        return self._hub().watch(self._channel)
+
+    def _early_waiter(self, token: str) -> _Waiter | None:
+        if self.fair and self._hub().live(self._channel):
+            return self._waiter(token)
+        return None
 
     def _leave_queue(self, token: str) -> None:
         leave = self._layout.leave
         if leave is not None:
             script, keys, tail = leave
             with backend_errors(self.redis, f"leaving the queue of {self.name!r}", keys[:1]):
-                script(self.redis, keys, (token, *tail))
+                script(self.redis, keys, (self._layout.member(token), *tail))
 
     def locked(self) -> bool:
         with backend_errors(self.redis, f"reading lock {self.name!r}"):

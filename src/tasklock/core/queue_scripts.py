@@ -9,14 +9,16 @@ cluster slot (see :func:`tasklock.core.keys.queue_keys_for`):
 * ``{name}:waiters``, a sorted set of the same tokens scored by their liveness deadline (ms, on the
   server's clock).
 
-A waiter joins at the tail with the attempt it makes after subscribing to the wake channel (so it
-cannot miss the release that makes it first), and renews its deadline with every later attempt; a
-free lock (or permit) may be taken only by the waiters at the head of the queue, or by anyone
-when the queue is empty. A release publishes ``tasklock:next <token>`` for the first live waiter
-only, and each process's listener wakes just that waiter. A waiter that gives up leaves the queue
-at once (and passes the wake-up on when it was first); one that died (SIGKILL, lost connection)
-stops renewing and is dropped when its deadline passes, by whichever attempt or release next
-looks at the head. The queue keys expire with their last waiter.
+A queued waiter is ``<wake id> <owner token>`` (the wake id names its process: eight hex digits,
+new in every process, see :func:`tasklock.core.keys.wake_id`). A waiter joins at the tail with the
+attempt it makes once its listener is subscribed to the lock's wake channel (so it cannot miss the
+release that makes it first), and renews its deadline with every later attempt; a free lock (or
+permit) may be taken only by the waiters at the head of the queue, or by anyone when the queue is
+empty. A release publishes ``tasklock:next <waiter>`` on the wake channel: each process's listener
+wakes just the waiter named, if it is one of its own, and no other. A waiter that gives up
+leaves the queue at once (and passes the wake-up on when the lock is free); one that died
+(SIGKILL, lost connection) stops renewing and is dropped when its deadline passes, by whichever
+attempt next finds it first. The queue keys expire with their last waiter.
 
 One copy of the queue's rules: every script below starts with :data:`QUEUE_FUNCTIONS`.
 """
@@ -44,46 +46,73 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
--- The first live waiter and its deadline (nil when none), dropping dead ones at the head.
-local function queue_head(q, w, now)
-  while true do
-    local head = redis.call('LINDEX', q, 0)
-    if not head then
-      return nil
+-- Join at the tail, or stay in place, with a deadline `liveness` ms from now. The keys live at
+-- least as long as the latest deadline: topped up to twice the liveness whenever less than one
+-- is left (every live waiter renews within its liveness), so most renewals cost no PEXPIRE.
+local function queue_join(q, w, member, now, liveness)
+  if redis.call('ZADD', w, string.format('%d', now + liveness), member) == 1 then
+    redis.call('RPUSH', q, member)
+  end
+  if redis.call('PTTL', w) < liveness then
+    redis.call('PEXPIRE', q, 2 * liveness)
+    redis.call('PEXPIRE', w, 2 * liveness)
+  end
+end
+-- Take `member` out of the queue (`at_head`: it is first, so LPOP finds it at once).
+local function queue_leave(q, w, member, at_head)
+  if at_head then
+    redis.call('LPOP', q)
+  else
+    redis.call('LREM', q, 1, member)
+  end
+  redis.call('ZREM', w, member)
+end
+-- May `member` take one of `free` free places? Dead waiters at the head are dropped first.
+-- Returns allowed, where it is queued ('head', 'inside' or nil), and the first live waiter's
+-- deadline (when it is someone else).
+local function may_take(q, w, member, now, free)
+  local head = redis.call('LINDEX', q, 0)
+  local deadline
+  while head do
+    if head == member then
+      return true, 'head', nil
     end
-    local deadline = tonumber(redis.call('ZSCORE', w, head))
+    deadline = tonumber(redis.call('ZSCORE', w, head))
     if deadline and deadline > now then
-      return head, deadline
+      break
     end
     redis.call('LPOP', q)
     redis.call('ZREM', w, head)
+    head = redis.call('LINDEX', q, 0)
   end
-end
--- Join at the tail, or stay in place, with a deadline `liveness` ms from now. The keys live as
--- long as the latest deadline (every live waiter renews within its liveness).
-local function queue_join(q, w, token, now, liveness)
-  if not redis.call('ZSCORE', w, token) then
-    redis.call('RPUSH', q, token)
+  if not head then
+    return true, nil, nil
   end
-  redis.call('ZADD', w, string.format('%d', now + liveness), token)
-  redis.call('PEXPIRE', q, liveness)
-  redis.call('PEXPIRE', w, liveness)
-end
-local function queue_leave(q, w, token)
-  redis.call('LREM', q, 1, token)
-  redis.call('ZREM', w, token)
-end
--- Wake the first `count` live waiters (dead heads dropped); with nobody queued, wake everyone
--- on the channel (unfair waiters, and older tasklocks, listen for any message). Returns what
--- the last PUBLISH returned (a table when it was refused).
-local function wake_next(q, w, channel, fallback, count)
-  if redis.call('LINDEX', q, 0) == false then
-    return redis.pcall('PUBLISH', channel, fallback)
+  if free > 1 then
+    local first = redis.call('LRANGE', q, 0, free - 1)
+    for i = 1, #first do
+      if first[i] == member then
+        return true, 'inside', deadline
+      end
+    end
+    if #first < free and not redis.call('ZSCORE', w, member) then
+      return true, nil, deadline
+    end
   end
-  local now = now_ms()
-  queue_head(q, w, now)
-  local waiting = redis.call('LRANGE', q, 0, count - 1)
-  if #waiting == 0 then
+  return false, nil, deadline
+end
+-- Wake the first `count` queued waiters by name; with nobody queued, wake everyone (unfair
+-- waiters, and older tasklocks, take any other message on the channel as a wake-up). A dead
+-- waiter named here is dropped by the next try that finds it first past its deadline. Returns
+-- what the last PUBLISH returned (a table when it was refused).
+local function wake_next(q, channel, fallback, count)
+  local waiting
+  if count == 1 then
+    waiting = {redis.call('LINDEX', q, 0)}
+  else
+    waiting = redis.call('LRANGE', q, 0, count - 1)
+  end
+  if not waiting[1] then
     return redis.pcall('PUBLISH', channel, fallback)
   end
   local answer
@@ -92,29 +121,12 @@ local function wake_next(q, w, channel, fallback, count)
   end
   return answer
 end
--- May `token` take one of `free` free places? True when it is among the first `free` queued
--- (live) waiters, or when fewer than `free` are queued and it is not queued at all.
-local function may_take(q, w, token, now, free)
-  local head, deadline = queue_head(q, w, now)
-  if not head then
-    return true, nil
-  end
-  local first = redis.call('LRANGE', q, 0, free - 1)
-  for i = 1, #first do
-    if first[i] == token then
-      return true, deadline
-    end
-  end
-  if #first < free and not redis.call('ZSCORE', w, token) then
-    return true, deadline
-  end
-  return false, deadline
-end
 """
 
 # KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters' deadlines
-# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] TTL in ms,
-# ARGV[4] the fence counter's TTL in ms, ARGV[5] a waiter's liveness in ms
+# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] this
+# process's wake id, ARGV[4] TTL in ms, ARGV[5] the fence counter's TTL in ms, ARGV[6] a waiter's
+# liveness in ms
 # Returns {1, fence} when acquired, or {0, ms}: ms until the holder's key expires (-1: no TTL),
 # or, when the lock is free but others are queued first, until the first one's deadline. The
 # fence and the idempotent retry are ACQUIRE's (see tasklock.core.scripts).
@@ -122,6 +134,7 @@ FAIR_ACQUIRE = Script(
     "fair_acquire",
     QUEUE_FUNCTIONS
     + """
+local member = ARGV[3] .. ' ' .. ARGV[1]
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
   local current = redis.pcall('GET', KEYS[1])
@@ -130,20 +143,20 @@ if pttl ~= -2 then
     return {1, tonumber(string.sub(current, #mine + 1))}
   end
   if ARGV[2] == '1' then
-    queue_join(KEYS[3], KEYS[4], ARGV[1], now_ms(), tonumber(ARGV[5]))
+    queue_join(KEYS[3], KEYS[4], member, now_ms(), tonumber(ARGV[6]))
   end
   return {0, pttl}
 end
 local now, time = now_ms()
-local allowed, deadline = may_take(KEYS[3], KEYS[4], ARGV[1], now, 1)
+local allowed, queued, deadline = may_take(KEYS[3], KEYS[4], member, now, 1)
 if not allowed then
   if ARGV[2] == '1' then
-    queue_join(KEYS[3], KEYS[4], ARGV[1], now, tonumber(ARGV[5]))
+    queue_join(KEYS[3], KEYS[4], member, now, tonumber(ARGV[6]))
   end
   return {0, deadline - now}
 end
-if deadline then
-  queue_leave(KEYS[3], KEYS[4], ARGV[1])
+if queued then
+  queue_leave(KEYS[3], KEYS[4], member, queued == 'head')
 end
 local fence = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local last = tonumber(redis.call('GET', KEYS[2]))
@@ -151,8 +164,8 @@ if last and last >= fence then
   fence = last + 1
 end
 local text = string.format('%d', fence)
-redis.call('SET', KEYS[2], text, 'PX', ARGV[4])
-redis.call('SET', KEYS[1], ARGV[1] .. '#' .. text, 'PX', ARGV[3])
+redis.call('SET', KEYS[2], text, 'PX', ARGV[5])
+redis.call('SET', KEYS[1], ARGV[1] .. '#' .. text, 'PX', ARGV[4])
 return {1, fence}
 """,
 )
@@ -167,7 +180,7 @@ FAIR_RELEASE = Script(
     + """
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if type(wake_next(KEYS[2], KEYS[3], ARGV[2], KEYS[1], 1)) == 'table' then
+  if type(wake_next(KEYS[2], ARGV[2], KEYS[1], 1)) == 'table' then
     return 2
   end
   return 1
@@ -180,24 +193,24 @@ return 0
 # queue at once; when the lock (or a permit) is free, the waiters now first are woken, in case
 # the wake-up had gone to the one leaving.
 # KEYS[1] lock key (or permits), KEYS[2] queue, KEYS[3] waiters' deadlines
-# ARGV[1] owner token, ARGV[2] wake channel, ARGV[3] limit (1 for a lock)
+# ARGV[1] the waiter ("<wake id> <owner token>"), ARGV[2] wake channel, ARGV[3] limit (1: a lock)
 # Returns 1.
 LEAVE_QUEUE = Script(
     "leave_queue",
     QUEUE_FUNCTIONS
     + """
-local was_queued = redis.call('ZSCORE', KEYS[3], ARGV[1])
-queue_leave(KEYS[2], KEYS[3], ARGV[1])
-if was_queued then
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+  redis.call('LREM', KEYS[2], 1, ARGV[1])
   local kind = redis.call('TYPE', KEYS[1]).ok
   local free = 0
   if kind == 'none' then
     free = tonumber(ARGV[3])
   elseif kind == 'zset' then
-    free = tonumber(ARGV[3]) - redis.call('ZCOUNT', KEYS[1], string.format('(%d', now_ms()), '+inf')
+    local live = redis.call('ZCOUNT', KEYS[1], string.format('(%d', now_ms()), '+inf')
+    free = tonumber(ARGV[3]) - live
   end
   if free > 0 then
-    wake_next(KEYS[2], KEYS[3], ARGV[2], KEYS[1], free)
+    wake_next(KEYS[2], ARGV[2], KEYS[1], free)
   end
 end
 return 1
@@ -206,18 +219,20 @@ return 1
 
 # A semaphore's acquire with the queue (see PERMIT_ACQUIRE for the permits themselves).
 # KEYS[1] permits, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters' deadlines
-# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] TTL in ms,
-# ARGV[4] the fence counter's TTL in ms, ARGV[5] limit, ARGV[6] a waiter's liveness in ms
+# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] this
+# process's wake id, ARGV[4] TTL in ms, ARGV[5] the fence counter's TTL in ms, ARGV[6] limit,
+# ARGV[7] a waiter's liveness in ms
 # Returns {1, fence}, or {0, ms until the first permit expires, or until the first queued
 # waiter's deadline when a permit is free but others are queued first}.
 FAIR_PERMIT_ACQUIRE = Script(
     "fair_permit_acquire",
     QUEUE_FUNCTIONS
     + """
+local member = ARGV[3] .. ' ' .. ARGV[1]
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'zset' and kind ~= 'none' then
   if ARGV[2] == '1' then
-    queue_join(KEYS[3], KEYS[4], ARGV[1], now_ms(), tonumber(ARGV[6]))
+    queue_join(KEYS[3], KEYS[4], member, now_ms(), tonumber(ARGV[7]))
   end
   return {0, redis.call('PTTL', KEYS[1])}
 end
@@ -234,14 +249,14 @@ if kind == 'zset' then
   end
   taken = #members
 end
-local free = tonumber(ARGV[5]) - taken
-local allowed, deadline = false, nil
+local free = tonumber(ARGV[6]) - taken
+local allowed, queued, deadline = false, nil, nil
 if free > 0 then
-  allowed, deadline = may_take(KEYS[3], KEYS[4], ARGV[1], ms, free)
+  allowed, queued, deadline = may_take(KEYS[3], KEYS[4], member, ms, free)
 end
 if not allowed then
   if ARGV[2] == '1' then
-    queue_join(KEYS[3], KEYS[4], ARGV[1], ms, tonumber(ARGV[6]))
+    queue_join(KEYS[3], KEYS[4], member, ms, tonumber(ARGV[7]))
   end
   if deadline then
     return {0, deadline - ms}
@@ -249,8 +264,8 @@ if not allowed then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) - ms}
 end
-if deadline then
-  queue_leave(KEYS[3], KEYS[4], ARGV[1])
+if queued then
+  queue_leave(KEYS[3], KEYS[4], member, queued == 'head')
 end
 local fence = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local last = tonumber(redis.call('GET', KEYS[2]))
@@ -258,8 +273,8 @@ if last and last >= fence then
   fence = last + 1
 end
 local text = string.format('%d', fence)
-local ttl = tonumber(ARGV[3])
-redis.call('SET', KEYS[2], text, 'PX', ARGV[4])
+local ttl = tonumber(ARGV[4])
+redis.call('SET', KEYS[2], text, 'PX', ARGV[5])
 redis.call('ZADD', KEYS[1], string.format('%d', ms + ttl), ARGV[1] .. '#' .. text)
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -291,7 +306,7 @@ if tonumber(expires) <= now then
   return 0
 end
 local free = tonumber(ARGV[3]) - redis.call('ZCOUNT', KEYS[1], string.format('(%d', now), '+inf')
-if type(wake_next(KEYS[2], KEYS[3], ARGV[2], KEYS[1], math.max(free, 1))) == 'table' then
+if type(wake_next(KEYS[2], ARGV[2], KEYS[1], math.max(free, 1))) == 'table' then
   return 2
 end
 return 1

@@ -229,6 +229,12 @@ class WakeupHub:
         entry.confirmed.wait(SUBSCRIBE_CONFIRM_TIMEOUT)
         return Subscription(self, name, event, key)
 
+    def live(self, channel: str) -> bool:
+        """True when ``channel`` is subscribed here already (a waiter on it needs no SUBSCRIBE
+        round trip, and no second try to catch a release made before it was subscribed)."""
+        entry = self._book.channels.get(channel.encode())
+        return entry is not None and entry.confirmed.is_set()
+
     def _forget(self, name: bytes, event: threading.Event, token: bytes | None) -> None:
         with self._lock:
             self._book.leave(name, event, token)
