@@ -26,6 +26,7 @@ One copy of the queue's rules: every script below starts with :data:`QUEUE_FUNCT
 from __future__ import annotations
 
 from tasklock.core.scripting import Script
+from tasklock.core.scripts import LEASE_FUNCTIONS
 
 __all__ = [
     "FAIR_ACQUIRE",
@@ -41,7 +42,9 @@ __all__ = [
 #: channel (a lock name: an unfair lock's release, or an older tasklock's) wakes every waiter.
 NEXT_PREFIX = b"tasklock:next "
 
-QUEUE_FUNCTIONS = """
+QUEUE_FUNCTIONS = (
+    LEASE_FUNCTIONS
+    + """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
@@ -122,6 +125,7 @@ local function wake_next(q, channel, fallback, count)
   return answer
 end
 """
+)
 
 # KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters' deadlines
 # ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] this
@@ -137,10 +141,9 @@ FAIR_ACQUIRE = Script(
 local member = ARGV[3] .. ' ' .. ARGV[1]
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
-  local current = redis.pcall('GET', KEYS[1])
-  local mine = ARGV[1] .. '#'
-  if type(current) == 'string' and string.sub(current, 1, #mine) == mine then
-    return {1, tonumber(string.sub(current, #mine + 1))}
+  local own = fence_of(redis.pcall('GET', KEYS[1]), ARGV[1])
+  if own then
+    return {1, own}
   end
   if ARGV[2] == '1' then
     queue_join(KEYS[3], KEYS[4], member, now_ms(), tonumber(ARGV[6]))
@@ -158,13 +161,7 @@ end
 if queued then
   queue_leave(KEYS[3], KEYS[4], member, queued == 'head')
 end
-local fence = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local last = tonumber(redis.call('GET', KEYS[2]))
-if last and last >= fence then
-  fence = last + 1
-end
-local text = string.format('%d', fence)
-redis.call('SET', KEYS[2], text, 'PX', ARGV[5])
+local fence, text = issue_fence(KEYS[2], time, ARGV[5])
 redis.call('SET', KEYS[1], ARGV[1] .. '#' .. text, 'PX', ARGV[4])
 return {1, fence}
 """,
@@ -239,15 +236,11 @@ end
 local ms, time = now_ms()
 local taken = 0
 if kind == 'zset' then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', ms))
-  local mine = ARGV[1] .. '#'
-  local members = redis.call('ZRANGE', KEYS[1], 0, -1)
-  for i = 1, #members do
-    if string.sub(members[i], 1, #mine) == mine then
-      return {1, tonumber(string.sub(members[i], #mine + 1))}
-    end
+  local own
+  own, taken = live_permits(KEYS[1], ms, ARGV[1])
+  if own then
+    return {1, own}
   end
-  taken = #members
 end
 local free = tonumber(ARGV[6]) - taken
 local allowed, queued, deadline = false, nil, nil
@@ -267,18 +260,8 @@ end
 if queued then
   queue_leave(KEYS[3], KEYS[4], member, queued == 'head')
 end
-local fence = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local last = tonumber(redis.call('GET', KEYS[2]))
-if last and last >= fence then
-  fence = last + 1
-end
-local text = string.format('%d', fence)
-local ttl = tonumber(ARGV[4])
-redis.call('SET', KEYS[2], text, 'PX', ARGV[5])
-redis.call('ZADD', KEYS[1], string.format('%d', ms + ttl), ARGV[1] .. '#' .. text)
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
+local fence, text = issue_fence(KEYS[2], time, ARGV[5])
+add_permit(KEYS[1], ms, tonumber(ARGV[4]), ARGV[1] .. '#' .. text)
 return {1, fence}
 """,
 )

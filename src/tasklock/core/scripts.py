@@ -18,6 +18,7 @@ __all__ = [
     "CLAIM",
     "DELETE_IF",
     "EXTEND",
+    "LEASE_FUNCTIONS",
     "PERMIT_ACQUIRE",
     "PERMIT_EXTEND",
     "PERMIT_RELEASE",
@@ -46,6 +47,54 @@ ACL_RULES = (
 )
 
 
+#: Lua every acquire script starts with: one copy of how a fence is issued, how a retried acquire
+#: finds its own hold, and how a permit is added.
+LEASE_FUNCTIONS = """
+-- The fence of a value stored by `owner` ("<owner>#<fence>"), or nil when it is not theirs.
+local function fence_of(value, owner)
+  local mine = owner .. '#'
+  if type(value) == 'string' and string.sub(value, 1, #mine) == mine then
+    return tonumber(string.sub(value, #mine + 1))
+  end
+  return nil
+end
+-- The next fence (see ACQUIRE): the server's clock in microseconds (`time`: TIME's answer), or
+-- one more than the counter's last token where that is higher; the counter keeps it for
+-- `counter_ttl` ms. Returns it as a number and as text (string.format: Lua prints 15+ digit
+-- numbers in exponent form).
+local function issue_fence(counter, time, counter_ttl)
+  local fence = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  local last = tonumber(redis.call('GET', counter))
+  if last and last >= fence then
+    fence = last + 1
+  end
+  local text = string.format('%d', fence)
+  redis.call('SET', counter, text, 'PX', counter_ttl)
+  return fence, text
+end
+-- A semaphore's live permits at `ms`: expired ones dropped, then `owner`'s fence when one of
+-- them is theirs (a retried acquire), and how many there are.
+local function live_permits(key, ms, owner)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', ms))
+  local members = redis.call('ZRANGE', key, 0, -1)
+  for i = 1, #members do
+    local fence = fence_of(members[i], owner)
+    if fence then
+      return fence, #members
+    end
+  end
+  return nil, #members
+end
+-- Add a permit expiring `ttl` ms after `ms`; the set lives at least as long as its longest.
+local function add_permit(key, ms, ttl, value)
+  redis.call('ZADD', key, string.format('%d', ms + ttl), value)
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+"""
+
+
 # KEYS[1] lock key, KEYS[2] fence counter
 # ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] the fence counter's TTL in ms
 # Returns {1, fence} when acquired (the value stored is "<token>#<fence>"), or {0, pttl} when the
@@ -63,24 +112,17 @@ ACL_RULES = (
 # form.
 ACQUIRE = Script(
     "acquire",
-    """
+    LEASE_FUNCTIONS
+    + """
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
-  local current = redis.pcall('GET', KEYS[1])
-  local mine = ARGV[1] .. '#'
-  if type(current) == 'string' and string.sub(current, 1, #mine) == mine then
-    return {1, tonumber(string.sub(current, #mine + 1))}
+  local own = fence_of(redis.pcall('GET', KEYS[1]), ARGV[1])
+  if own then
+    return {1, own}
   end
   return {0, pttl}
 end
-local now = redis.call('TIME')
-local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = tonumber(redis.call('GET', KEYS[2]))
-if last and last >= fence then
-  fence = last + 1
-end
-local text = string.format('%d', fence)
-redis.call('SET', KEYS[2], text, 'PX', ARGV[3])
+local fence, text = issue_fence(KEYS[2], redis.call('TIME'), ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1] .. '#' .. text, 'PX', ARGV[2])
 return {1, fence}
 """,
@@ -151,40 +193,26 @@ return ttl
 # the count is below the new limit.
 PERMIT_ACQUIRE = Script(
     "permit_acquire",
-    """
+    LEASE_FUNCTIONS
+    + """
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'zset' and kind ~= 'none' then
   return {0, redis.call('PTTL', KEYS[1])}
 end
-local now = redis.call('TIME')
-local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local ms = math.floor(micros / 1000)
+local time = redis.call('TIME')
+local ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'zset' then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', ms))
-  local mine = ARGV[1] .. '#'
-  local members = redis.call('ZRANGE', KEYS[1], 0, -1)
-  for i = 1, #members do
-    if string.sub(members[i], 1, #mine) == mine then
-      return {1, tonumber(string.sub(members[i], #mine + 1))}
-    end
+  local own, taken = live_permits(KEYS[1], ms, ARGV[1])
+  if own then
+    return {1, own}
   end
-  if #members >= tonumber(ARGV[4]) then
+  if taken >= tonumber(ARGV[4]) then
     local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
     return {0, tonumber(first[2]) - ms}
   end
 end
-local fence = micros
-local last = tonumber(redis.call('GET', KEYS[2]))
-if last and last >= fence then
-  fence = last + 1
-end
-local text = string.format('%d', fence)
-local ttl = tonumber(ARGV[2])
-redis.call('SET', KEYS[2], text, 'PX', ARGV[3])
-redis.call('ZADD', KEYS[1], string.format('%d', ms + ttl), ARGV[1] .. '#' .. text)
-if redis.call('PTTL', KEYS[1]) < ttl then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
+local fence, text = issue_fence(KEYS[2], time, ARGV[3])
+add_permit(KEYS[1], ms, tonumber(ARGV[2]), ARGV[1] .. '#' .. text)
 return {1, fence}
 """,
 )
