@@ -9,6 +9,7 @@ the README shows, ``tasklock.stats.snapshot()``, are there after ``import tasklo
 
 from tasklock import stats
 from tasklock.core.lock import Lock
+from tasklock.core.ratelimit import RateLimit
 from tasklock.core.redlock import Redlock
 from tasklock.core.semaphore import Semaphore
 from tasklock.errors import (
@@ -41,6 +42,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "QuorumNotReached",
+    "RateLimit",
     "Redlock",
     "Semaphore",
     "TaskLockError",

@@ -14,7 +14,8 @@ per-loop watchdog and wake-up listener) is described in :mod:`tasklock.asyncio._
 
 from tasklock.asyncio._base import AsyncLostFlag
 from tasklock.asyncio.lock import Lock
+from tasklock.asyncio.ratelimit import RateLimit
 from tasklock.asyncio.redlock import Redlock
 from tasklock.asyncio.semaphore import Semaphore
 
-__all__ = ["AsyncLostFlag", "Lock", "Redlock", "Semaphore"]
+__all__ = ["AsyncLostFlag", "Lock", "RateLimit", "Redlock", "Semaphore"]
