@@ -44,10 +44,15 @@ class RateLimit(RateLimitBase):
         return admission.allowed
 
     async def admit(
-        self, max_wait: float | None, *, reservation: str | None = None, keep: float = 0.0
+        self,
+        max_wait: float | None,
+        *,
+        reservation: str | None = None,
+        keep: float = 0.0,
+        early: float | None = None,
     ) -> Admission:
         """See :meth:`tasklock.RateLimit.admit`."""
-        keys, args = self._call(max_wait, reservation, keep)
+        keys, args = self._call(max_wait, reservation, keep, early)
         try:
             with backend_errors(self.redis, self._doing, keys):
                 reply = await run_script(self.redis, RATE, keys, args)

@@ -22,7 +22,10 @@ __all__ = ["RATE"]
 #: ARGV[2]  with KEYS[2]: ms to keep a reservation past its slot; a call whose slot is further than
 #:          the caller waits is then not refused but deferred: its slot is reserved and stored in
 #:          KEYS[2] (for the wait plus this); 0 = refuse instead
-#: ARGV[3..] per limit, three values: field, emission interval in µs, burst
+#: ARGV[3]  how long a call that finds its reservation waits for its slot, in µs (-1: any); a
+#:          deferred call that comes back early (clocks of hosts differ; RQ's scheduler works in
+#:          whole seconds) sleeps the rest, and is deferred again when that is longer
+#: ARGV[4..] per limit, three values: field, emission interval in µs, burst
 #: Returns {status, wait in µs, remaining}: status 1 = admitted (after the wait, which is within
 #:          what the caller waits), 0 = refused (nothing consumed; the wait is when to try again),
 #:          2 = deferred (slot reserved in KEYS[2]; come back after the wait). A call that finds
@@ -35,15 +38,16 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local max_wait = tonumber(ARGV[1])
 local keep = tonumber(ARGV[2])
-local function within(wait)
-  return max_wait < 0 or wait <= max_wait
+local early = tonumber(ARGV[3])
+local function within(wait, limit)
+  return limit < 0 or wait <= limit
 end
 
 if KEYS[2] then
   local slot = redis.call('GET', KEYS[2])
   if slot then
     local wait = math.max(0, tonumber(slot) - now)
-    if within(wait) then
+    if within(wait, early) then
       redis.call('DEL', KEYS[2])
       return {1, math.ceil(wait), 0}
     end
@@ -51,17 +55,17 @@ if KEYS[2] then
   end
 end
 
-local n = (#ARGV - 2) / 3
+local n = (#ARGV - 3) / 3
 local fields = {}
 for i = 1, n do
-  fields[i] = ARGV[3 * i]
+  fields[i] = ARGV[3 * i + 1]
 end
 local stored = redis.call('HMGET', KEYS[1], unpack(fields))
 local at = now
 local tats = {}
 for i = 1, n do
-  local interval = tonumber(ARGV[3 * i + 1])
-  local burst = tonumber(ARGV[3 * i + 2])
+  local interval = tonumber(ARGV[3 * i + 2])
+  local burst = tonumber(ARGV[3 * i + 3])
   local tat = now
   if stored[i] then
     tat = math.max(now, tonumber(stored[i]))
@@ -72,10 +76,9 @@ end
 
 local wait = at - now
 local deferred = false
-if not within(wait) then
+if not within(wait, max_wait) then
   if not (KEYS[2] and keep > 0) then
-    local remaining = 0
-    return {0, math.ceil(wait), remaining}
+    return {0, math.ceil(wait), 0}
   end
   deferred = true
 end
@@ -84,8 +87,8 @@ local expire = now
 local remaining = nil
 local values = {}
 for i = 1, n do
-  local interval = tonumber(ARGV[3 * i + 1])
-  local burst = tonumber(ARGV[3 * i + 2])
+  local interval = tonumber(ARGV[3 * i + 2])
+  local burst = tonumber(ARGV[3 * i + 3])
   local new = math.max(tats[i], at) + interval
   values[#values + 1] = fields[i]
   values[#values + 1] = string.format('%.3f', new)

@@ -59,11 +59,11 @@ class RateLimitBase:
         return self.plan.bursts
 
     def _call(
-        self, max_wait: float | None, reservation: str | None, keep: float
+        self, max_wait: float | None, reservation: str | None, keep: float, early: float | None
     ) -> tuple[list[str], list[Any]]:
         keys = [self.name] if reservation is None else [self.name, reservation]
         keep_ms = 0 if reservation is None else max(1, round(keep * 1000))
-        return keys, [micros(max_wait), keep_ms, *self.plan.args]
+        return keys, [micros(max_wait), keep_ms, micros(early), *self.plan.args]
 
     @staticmethod
     def _check_wait(blocking: bool, blocking_timeout: float | None) -> float | None:
@@ -124,14 +124,21 @@ class RateLimit(RateLimitBase):
         return admission.allowed
 
     def admit(
-        self, max_wait: float | None, *, reservation: str | None = None, keep: float = 0.0
+        self,
+        max_wait: float | None,
+        *,
+        reservation: str | None = None,
+        keep: float = 0.0,
+        early: float | None = None,
     ) -> Admission:
         """The one round trip under every method: admit a call whose slot is at most ``max_wait``
         seconds away (None: any), without sleeping. With ``reservation`` (a key in the limit's
         cluster slot) a call whose slot is further is deferred instead of refused: its slot is
         kept there for ``keep`` seconds past the slot, and a later call with the same key is
-        admitted at that slot (the task layer's ``on_rate_limit="retry"``)."""
-        keys, args = self._call(max_wait, reservation, keep)
+        admitted at that slot (the task layer's ``on_rate_limit="retry"``): at once when the slot
+        has passed, and after a wait when it is at most ``early`` seconds away (None: any).
+        Further away, it is deferred again, reservation kept."""
+        keys, args = self._call(max_wait, reservation, keep, early)
         try:
             with backend_errors(self.redis, self._doing, keys):
                 reply = RATE(self.redis, keys, args)
