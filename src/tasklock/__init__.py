@@ -24,6 +24,7 @@ from tasklock.errors import (
     LockLostError,
     LockNotOwnedError,
     QuorumNotReached,
+    RateLimited,
     TaskLockError,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "LockNotOwnedError",
     "QuorumNotReached",
     "RateLimit",
+    "RateLimited",
     "Redlock",
     "Semaphore",
     "TaskLockError",

@@ -64,16 +64,17 @@ from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded, WorkerLo
 from kombu.utils.uuid import uuid
 
 from tasklock._celery_config import broker_client, near_miss, seconds_until_due, split_options
+from tasklock._celery_rates import defer_call
 from tasklock.config import OPTION_NAMES, validate_options
-from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateTask
-from tasklock.guard import Duplicate, Guard
+from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateTask, RateLimited
+from tasklock.guard import Duplicate, Guard, Throttle
 
 if TYPE_CHECKING:
     from celery import Celery
     from celery.app.task import Context
     from celery.result import AsyncResult
 
-__all__ = ["DUPLICATE", "SingletonTask", "singleton_task"]
+__all__ = ["DUPLICATE", "RATE_LIMITED", "SingletonTask", "singleton_task"]
 
 log = logging.getLogger("tasklock.celery")
 
@@ -83,6 +84,13 @@ _R = TypeVar("_R")
 #: Task state stored for a call skipped as a duplicate (``on_duplicate="skip"``). Not one of
 #: Celery's ready states: ``AsyncResult.get()`` keeps waiting for it, ``.state``/``.info`` show it.
 DUPLICATE = "DUPLICATE"
+#: Task state stored for a call skipped by its rate limit (``on_rate_limit="skip"``), like
+#: DUPLICATE not a ready state.
+RATE_LIMITED = "RATE_LIMITED"
+
+#: A rate-limited call whose slot is nearer than this (seconds) sleeps for it in the worker
+#: rather than going through the broker again.
+RATE_NEAR = 0.05
 
 #: How long a worker waits before handing a message back when Redis is unreachable
 #: (``acks_late``), so that an outage is not a hot redelivery loop.
@@ -94,7 +102,9 @@ REQUEUE_PAUSE = 1.0
 _CANVAS_OPTIONS = ("chord", "group_id")
 
 #: States after which a task id will not run again.
-_FINISHED_STATES = frozenset({*celery_states.READY_STATES, DUPLICATE, celery_states.IGNORED})
+_FINISHED_STATES = frozenset(
+    {*celery_states.READY_STATES, DUPLICATE, RATE_LIMITED, celery_states.IGNORED}
+)
 
 
 # -- what CallKey binds calls against -----------------------------------------------------------
@@ -324,10 +334,18 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         if direct:
             on_skip: Callable[[Duplicate], Any] = _skip_direct
             on_retry: Callable[[Duplicate], Any] = _raise_duplicate
+            on_rate: Callable[[Throttle], Any] = _skip_direct
         else:
 
             def on_skip(duplicate: Duplicate) -> Any:
-                self._tasklock_skip(request, duplicate)
+                error = DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
+                self._tasklock_skip(request, DUPLICATE, duplicate.as_meta(), error)
+
+            def on_rate(throttle: Throttle) -> Any:
+                if throttle.policy == "retry":
+                    raise defer_call(self, request, throttle)
+                error = RateLimited(throttle.message(), throttle.key, throttle.retry_after)
+                self._tasklock_skip(request, RATE_LIMITED, throttle.as_meta(), error)
 
             def on_retry(duplicate: Duplicate) -> Any:
                 error = DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
@@ -349,6 +367,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                 on_skip=on_skip,
                 on_retry=on_retry,
                 duplicate_error=DuplicateTask,
+                on_rate_limit=on_rate,
+                rate_near=None if direct or request.is_eager else RATE_NEAR,
             )
         except Retry:
             raise  # the pending marker survives retries
@@ -393,38 +413,44 @@ class SingletonTask(Task):  # type: ignore[type-arg]
             if not overridden:
                 vars(self).pop("override_max_retries", None)
 
-    def _tasklock_skip(self, request: Context, duplicate: Duplicate) -> None:
-        """Record the skip as the DUPLICATE state (where results are stored), then Ignore.
+    def _tasklock_skip(
+        self, request: Context, state: str, meta: dict[str, Any], error: Exception
+    ) -> None:
+        """Record the skip as ``state`` (DUPLICATE, RATE_LIMITED) where results are stored, with
+        ``meta``, then Ignore.
 
         A call that a workflow depends on fails with DuplicateTask instead (see
         :func:`_workflow_of`): Celery goes on with a chain, ``link=`` callbacks or a chord only
         when a task succeeds, and fails them (calling ``link_error`` errbacks) only when it fails;
         an ignored task does neither, so the rest would be dropped without a word and every
-        ``get()`` on it would wait for ever. Failing it lets Celery mark the rest of the chain
-        failed, fail the chord with a ChordError, and run the errbacks.
+        ``get()`` on it would wait for ever. Failing it (with ``error``: DuplicateTask,
+        RateLimited) lets Celery mark the rest of the chain failed, fail the chord with a
+        ChordError, and run the errbacks.
         """
         workflow = _workflow_of(request)
         if workflow:
             log.warning(
-                "%s[%s]: skipped as a duplicate inside %s; failing it with DuplicateTask so that "
-                "the workflow fails visibly instead of stopping here (use on_duplicate='wait' or "
-                "'retry' to run it after its twin)",
+                "%s[%s]: skipped (%s) inside %s; failing it with %s so that the workflow fails "
+                "visibly instead of stopping here (on_duplicate / on_rate_limit 'wait' or 'retry' "
+                "run it later instead)",
                 self.name,
                 request.id,
+                state,
                 workflow,
+                type(error).__name__,
             )
-            raise DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
+            raise error
         store = not _ignores_result(self, request) and (
             not request.is_eager or bool(getattr(self, "store_eager_result", False))
         )
         if store and request.id:
             try:
-                self.update_state(task_id=request.id, state=DUPLICATE, meta=duplicate.as_meta())
+                self.update_state(task_id=request.id, state=state, meta=meta)
             except NotImplementedError:
                 pass  # no result backend configured: nothing to record
             except Exception as exc:
                 log.warning("%s: could not store the DUPLICATE state: %r", self.name, exc)
-        raise Ignore(duplicate.message())
+        raise Ignore(str(error))
 
     def _tasklock_backend_down(self, request: Context, exc: Exception) -> None:
         """Redis for the lock is unreachable and on_backend_error="raise": lose nothing.
@@ -518,7 +544,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         return state not in _FINISHED_STATES
 
 
-def _skip_direct(duplicate: Duplicate) -> None:
+def _skip_direct(refusal: Duplicate | Throttle) -> None:
     return None
 
 

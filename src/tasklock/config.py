@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasklock.core.base import MAX_TTL
+from tasklock.core.rates import RatePlan
 from tasklock.core.urls import validate_url
 from tasklock.errors import ConfigurationError
 
@@ -39,6 +40,7 @@ __all__ = [
 ON_DUPLICATE = ("skip", "raise", "retry", "wait")
 ON_WAIT_TIMEOUT = ("skip", "raise", "retry")
 ON_BACKEND_ERROR = ("raise", "run")
+ON_RATE_LIMIT = ("retry", "wait", "skip", "raise")
 #: The ``on_duplicate`` policies that keep a queued run of ``dedupe_enqueue="until_start"``: it
 #: meets the running one's lock by design, and must run after it, not be dropped.
 UNTIL_START_ON_DUPLICATE = ("wait", "retry")
@@ -56,6 +58,11 @@ DEFAULTS: dict[str, Any] = {
     "fencing": False,
     "dedupe_enqueue": False,
     "limit": 1,
+    "rate": None,
+    "burst": 1,
+    "rate_key": None,
+    "rate_group": None,
+    "on_rate_limit": "retry",
     "pending_ttl": 3600.0,
     "watchdog": True,
     "on_backend_error": "raise",
@@ -65,7 +72,7 @@ DEFAULTS: dict[str, Any] = {
 }
 OPTION_NAMES: tuple[str, ...] = tuple(sorted(DEFAULTS))
 #: Options that describe one task's signature; they make no sense as project-wide settings.
-TASK_ONLY_OPTIONS = ("fencing", "key")
+TASK_ONLY_OPTIONS = ("fencing", "key", "rate_key")
 #: Every place a lock URL can be set, for the "no Redis configured" errors of the guard and the
 #: adapters, so that each names all of them (a Django project reading one that leaves out
 #: TASKLOCK["URL"] would go looking for a Celery setting instead).
@@ -91,7 +98,8 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_limit(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    # None: no execution lock (a task that only needs a rate).
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
 
 
 def _is_dedupe_enqueue(value: Any) -> bool:
@@ -228,6 +236,7 @@ def check_options(
         ("on_duplicate", ON_DUPLICATE),
         ("on_wait_timeout", ON_WAIT_TIMEOUT),
         ("on_backend_error", ON_BACKEND_ERROR),
+        ("on_rate_limit", ON_RATE_LIMIT),
     ):
         if name in options and get(name) not in choices:
             bad(
@@ -266,12 +275,22 @@ def check_options(
     if "limit" in options and not _is_limit(get("limit")):
         bad(
             "limit",
-            f"limit must be a whole number >= 1 (bodies at once per key), got {get('limit')!r}",
+            f"limit must be a whole number >= 1 (bodies at once per key) or None (no execution "
+            f"lock), got {get('limit')!r}",
             "e.g. limit=3; limit=1 (the default) is one at a time",
             "E011",
         )
-    elif _is_limit(get("limit")) and get("limit") > 1 and get("urls") is not None:
+    elif _is_limit(get("limit")) and (get("limit") or 1) > 1 and get("urls") is not None:
         bad("limit", REDLOCK_LIMIT_PROBLEM.format(limit=get("limit")), REDLOCK_LIMIT_HINT, "E012")
+    if "limit" in options and get("limit") is None and get("fencing"):
+        bad(
+            "fencing",
+            "fencing with limit=None: fence tokens come with the execution lock, which "
+            "limit=None turns off",
+            "keep limit=1 (the default) for a fenced task",
+            "E014",
+        )
+    problems.extend(_rate_problems(options, source))
     if get("watchdog") is False:
         bad(
             "watchdog",
@@ -291,17 +310,18 @@ def check_options(
                 "",
                 "E004",
             )
-    key = get("key")
-    if key is not None and not callable(key):
-        if isinstance(key, str) or not isinstance(key, Sequence):
-            bad(
-                "key",
-                f"key must be None, a list of argument names or a callable, got {key!r}",
-                "e.g. key=['account_id']",
-                "E005",
-            )
-        elif not all(isinstance(k, str) and k for k in key):
-            bad("key", f"key must list argument names (strings), got {key!r}", "", "E005")
+    for name in ("key", "rate_key"):
+        key = get(name)
+        if key is not None and not callable(key):
+            if isinstance(key, str) or not isinstance(key, Sequence):
+                bad(
+                    name,
+                    f"{name} must be None, a list of argument names or a callable, got {key!r}",
+                    f"e.g. {name}=['account_id']",
+                    "E005",
+                )
+            elif not all(isinstance(k, str) and k for k in key):
+                bad(name, f"{name} must list argument names (strings), got {key!r}", "", "E005")
     if "key_prefix" in options and (
         not isinstance(get("key_prefix"), str) or not get("key_prefix")
     ):
@@ -340,6 +360,55 @@ def check_options(
     return problems
 
 
+#: Why ``rate`` is refused with ``urls`` (Redlock).
+REDLOCK_RATE_PROBLEM = (
+    "rate with urls (Redlock) is refused: a rate counted on a quorum of independent masters is "
+    "no limit (each call is counted on a majority only, so calls that each see a different "
+    "majority pass a limit that one server would hold), and one master alone would make the "
+    "rate depend on that master"
+)
+REDLOCK_RATE_HINT = (
+    "give the rate-limited task url= (one Redis, or a Redis Cluster or Sentinel URL), or keep "
+    "urls for a task without rate"
+)
+
+
+def _rate_problems(options: Mapping[str, Any], source: str) -> list[Problem]:
+    """What is wrong with ``rate``, ``burst`` and ``rate_group`` in one layer of options."""
+    problems: list[Problem] = []
+    rate = options.get("rate")
+    burst = options.get("burst", DEFAULTS["burst"])
+    if rate is not None:
+        try:
+            RatePlan.of(rate, burst)
+        except ConfigurationError as exc:
+            option = "burst" if str(exc).startswith("burst") else "rate"
+            problems.append(
+                Problem(option, f"{source}: {exc}", "e.g. rate='20/m', burst=1", "E013")
+            )
+        if options.get("urls") is not None:
+            problems.append(
+                Problem("rate", f"{source}: {REDLOCK_RATE_PROBLEM}", REDLOCK_RATE_HINT, "E015")
+            )
+    elif "burst" in options:
+        try:
+            RatePlan.of("1/s", burst if not isinstance(burst, list | tuple) else burst[:1])
+        except ConfigurationError as exc:
+            problems.append(Problem("burst", f"{source}: {exc}", "e.g. burst=10", "E013"))
+    group = options.get("rate_group")
+    if group is not None and (not isinstance(group, str) or not group):
+        problems.append(
+            Problem(
+                "rate_group",
+                f"{source}: rate_group must be a non-empty string (tasks that name the same group "
+                f"share one limit), got {group!r}",
+                "e.g. rate_group='stripe'",
+                "E004",
+            )
+        )
+    return problems
+
+
 def validate_options(
     options: Mapping[str, Any], source: str = "options", *, project_wide: bool = False
 ) -> dict[str, Any]:
@@ -362,7 +431,12 @@ class TaskOptions:
     on_wait_timeout: str = "raise"
     fencing: bool | str = False
     dedupe_enqueue: bool | str = False
-    limit: int = 1
+    limit: int | None = 1
+    rate: Any = None
+    burst: Any = 1
+    rate_key: Any = None
+    rate_group: str | None = None
+    on_rate_limit: str = "retry"
     pending_ttl: float = 3600.0
     watchdog: bool = True
     on_backend_error: str = "raise"
@@ -432,11 +506,25 @@ def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None
             where = named("dedupe_enqueue", "on_duplicate", "wait_timeout", "on_wait_timeout")
             raise ConfigurationError(f"{problem[0]} [{where}] ({problem[1]})")
     limit = merged.get("limit", 1)
-    if limit > 1 and merged.get("urls") is not None:
+    if limit is not None and limit > 1 and merged.get("urls") is not None:
         raise ConfigurationError(
             f"{REDLOCK_LIMIT_PROBLEM.format(limit=limit)} [{named('limit', 'urls')}] "
             f"({REDLOCK_LIMIT_HINT})"
         )
+    if limit is None and merged.get("fencing"):
+        raise ConfigurationError(
+            "fencing with limit=None: fence tokens come with the execution lock, which limit=None "
+            f"turns off [{named('limit', 'fencing')}] (keep limit=1 for a fenced task)"
+        )
+    if merged.get("rate") is not None:
+        if merged.get("urls") is not None:
+            raise ConfigurationError(
+                f"{REDLOCK_RATE_PROBLEM} [{named('rate', 'urls')}] ({REDLOCK_RATE_HINT})"
+            )
+        try:
+            RatePlan.of(merged["rate"], merged.get("burst", 1))
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{exc} [{named('rate', 'burst')}]") from None
 
 
 def resolve_options(
@@ -457,7 +545,7 @@ def resolve_options(
     )
     for source, layer in layers:
         for name, value in layer.items():
-            if value is None and name not in ("key", "wait_timeout"):
+            if value is None and name not in ("key", "wait_timeout", "limit", "rate", "rate_key"):
                 continue
             if name in ("url", "urls") and source != "defaults":
                 # A layer that names a connection replaces the other kind from lower layers.
@@ -474,7 +562,12 @@ def resolve_options(
         on_wait_timeout=merged["on_wait_timeout"],
         fencing=merged["fencing"],
         dedupe_enqueue=merged["dedupe_enqueue"],
-        limit=int(merged["limit"]),
+        limit=None if merged["limit"] is None else int(merged["limit"]),
+        rate=merged.get("rate"),
+        burst=merged.get("burst", 1),
+        rate_key=merged.get("rate_key"),
+        rate_group=merged.get("rate_group"),
+        on_rate_limit=merged["on_rate_limit"],
         pending_ttl=float(merged["pending_ttl"]),
         watchdog=merged["watchdog"],
         on_backend_error=merged["on_backend_error"],

@@ -39,6 +39,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "QuorumNotReached",
+    "RateLimited",
     "TaskLockError",
 ]
 
@@ -130,3 +131,24 @@ class DuplicateTask(DuplicateTaskError):
 
 class DuplicateJob(DuplicateTaskError):
     """RQ: raised by a singleton job with ``on_duplicate="raise"``."""
+
+
+class RateLimited(TaskLockError):
+    """A rate-limited task call that may not run now (``on_rate_limit="raise"``, or ``"wait"``
+    past ``wait_timeout`` with ``on_wait_timeout="raise"``).
+
+    ``key`` is the rate limit's key and ``retry_after`` the seconds until a call would pass. It
+    pickles with both, so it survives result backends.
+    """
+
+    def __init__(self, message: str, key: str | None = None, retry_after: float = 0.0) -> None:
+        super().__init__(message, key, retry_after)
+        self.message = message
+        self.key = key
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.key, self.retry_after))

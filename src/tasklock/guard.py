@@ -33,7 +33,7 @@ import random
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from tasklock import stats
 from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
@@ -50,10 +50,19 @@ from tasklock.errors import (
     ConfigurationError,
     DuplicateTaskError,
     LockError,
+    RateLimited,
 )
+from tasklock.rating import RateGate, Throttle
 from tasklock.signature import CallKey
 
-__all__ = ["RETRY_FIRST_DELAY", "Duplicate", "Guard", "duplicate_retry_delay", "reset_all"]
+__all__ = [
+    "RETRY_FIRST_DELAY",
+    "Duplicate",
+    "Guard",
+    "Throttle",
+    "duplicate_retry_delay",
+    "reset_all",
+]
 
 log = logging.getLogger("tasklock")
 
@@ -118,12 +127,10 @@ class Guard:
         self.fence_keyword: str | None = (
             "fence_token" if fencing is True else (fencing if isinstance(fencing, str) else None)
         )
-        self.call_key = CallKey(
-            func,
-            name,
-            key=self.explicit.get("key"),
-            exclude=[*exclude, *([self.fence_keyword] if self.fence_keyword else [])],
-        )
+        excluded = [*exclude, *([self.fence_keyword] if self.fence_keyword else [])]
+        self.call_key = CallKey(func, name, key=self.explicit.get("key"), exclude=excluded)
+        #: The rate limit (``rate=``): its keys and its policy around one admission.
+        self.rate_gate = RateGate(func, name, self.explicit, self.call_key, exclude=excluded)
         if self.fence_keyword:
             params = self.call_key.signature.parameters
             if self.fence_keyword not in params and not any(
@@ -201,7 +208,7 @@ class Guard:
             "on_lost": self._on_lost,
             "owner_info": owner,
         }
-        if options.limit > 1:
+        if options.limit is not None and options.limit > 1:
             return Semaphore(self._client(), key, options.limit, **common)
         if options.urls:
             from tasklock.core.redlock import Redlock
@@ -394,10 +401,18 @@ class Guard:
         on_skip: Callable[[Duplicate], R],
         on_retry: Callable[[Duplicate], R],
         duplicate_error: type[DuplicateTaskError],
+        on_rate_limit: Callable[[Throttle], R] | None = None,
+        rate_near: float | None = None,
     ) -> R:
         """Run ``body(extra_kwargs)`` under the execution lock, or apply the duplicate policy.
 
         ``extra_kwargs`` holds the fence token under the fencing keyword when fencing is on.
+
+        With ``rate``, the call is admitted by the rate limit once it holds the lock (see
+        :mod:`tasklock.rating`); one that may not run now goes to ``on_rate_limit`` (with the
+        lock released when that returns or raises). ``rate_near``: the adapter can re-send this
+        call, and a slot nearer than this many seconds is slept for instead; None: it cannot
+        (direct and eager calls), and ``on_rate_limit="retry"`` sleeps until the slot.
 
         With ``dedupe_enqueue="until_start"`` (and a ``task_id``) the pending marker is cleared
         after the lock is taken and before the body begins, and the body begins only once it is
@@ -414,8 +429,11 @@ class Guard:
         """
         args = tuple(args)
         options = self.options
-        key = self.lock_key(args, kwargs)
         until_start = task_id is not None and options.dedupe_enqueue == "until_start"
+        gate = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near)
+        if options.limit is None:
+            return self._run_unlocked(args, kwargs, body, gate, until_start)
+        key = self.lock_key(args, kwargs)
         lock: BaseLock | None = None
         try:
             # Inside the try: a cluster client connects when it is made, so an unreachable
@@ -485,11 +503,63 @@ class Guard:
             return self._duplicate(duplicate, on_skip, on_retry, duplicate_error)
         try:
             stats.increment("acquired", self.name)
+            throttle = gate.throttle()
+            if throttle is not None:
+                return gate.defer(throttle)
             if until_start:
                 self._clear_at_start(args, kwargs, cast(str, task_id))
             return body(self._fence_kwargs(lock.fence))
         finally:
             self._release(lock)
+
+    def _run_unlocked(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        body: Callable[[dict[str, Any]], R],
+        gate: _RateCall[R],
+        until_start: bool,
+    ) -> R:
+        """``limit=None``: no execution lock, only the rate limit (and the enqueue marker)."""
+        try:
+            throttle = gate.throttle()
+        except BackendUnavailable:
+            stats.increment("backend_error", self.name)
+            raise
+        if throttle is not None:
+            return gate.defer(throttle)
+        if until_start:
+            self._clear_at_start(args, kwargs, cast(str, gate.task_id))
+        return body({})
+
+    def admit_rate(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        task_id: str | None,
+        near: float | None,
+    ) -> Throttle | None:
+        """The rate limit's verdict on this call (None: run it now; see
+        :meth:`RateGate.admit`). With ``on_backend_error="run"`` an unreachable Redis admits the
+        call, as it runs a task unlocked."""
+        options = self.options
+        if options.rate is None:
+            return None
+        try:
+            return self.rate_gate.admit(
+                self._client(), options, args, kwargs, task_id=task_id, near=near
+            )
+        except BackendUnavailable as exc:
+            if options.on_backend_error != "run":
+                raise
+            stats.increment("ran_unlimited", self.name)
+            log.warning(
+                "%s: running WITHOUT the rate limit because Redis is unreachable "
+                "(on_backend_error='run'): %s",
+                self.name,
+                exc,
+            )
+            return None
 
     def _wait_pending(
         self, lock: BaseLock, args: tuple[Any, ...], kwargs: Mapping[str, Any], task_id: str
@@ -568,3 +638,42 @@ class Guard:
             rng=_jitter,
             max_retries=max_retries,
         )
+
+
+class _RateCall(Generic[R]):
+    """One call's way through the rate limit: ask the gate, and hand a throttled call to the
+    adapter (keeping the pending marker of a deferred "until_start" run, which has not started)."""
+
+    __slots__ = ("args", "guard", "kwargs", "near", "on_rate_limit", "task_id")
+
+    def __init__(
+        self,
+        guard: Guard,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        task_id: str | None,
+        on_rate_limit: Callable[[Throttle], R] | None,
+        near: float | None,
+    ) -> None:
+        self.guard = guard
+        self.args = args
+        self.kwargs = kwargs
+        self.task_id = task_id
+        self.on_rate_limit = on_rate_limit
+        # Without a way to re-send, "retry" sleeps until the slot.
+        self.near = near if on_rate_limit is not None else None
+
+    def throttle(self) -> Throttle | None:
+        return self.guard.admit_rate(self.args, self.kwargs, self.task_id, self.near)
+
+    def defer(self, throttle: Throttle) -> R:
+        guard = self.guard
+        if (
+            throttle.policy == "retry"
+            and self.task_id is not None
+            and guard.options.dedupe_enqueue == "until_start"
+        ):
+            guard.keep_pending(self.args, self.kwargs, self.task_id, delay=throttle.retry_after)
+        if self.on_rate_limit is None:
+            raise RateLimited(throttle.message(), throttle.key, throttle.retry_after)
+        return self.on_rate_limit(throttle)

@@ -81,8 +81,9 @@ from rq.job import Job, JobStatus, get_current_job
 from rq.scheduler import RQScheduler
 
 from tasklock.core.scripts import RQ_ATTACH_DEPENDENTS
-from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateJob
-from tasklock.guard import Duplicate, Guard
+from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateJob, RateLimited
+from tasklock.guard import Duplicate, Guard, Throttle
+from tasklock.rating import EARLY
 
 __all__ = ["ENQUEUE_GRACE", "META_KEY", "SingletonJob", "SingletonJobFunction", "singleton_job"]
 
@@ -102,6 +103,12 @@ _DONE = frozenset({JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobS
 _RETRY_FOREVER = 2**31 - 1
 #: A job that returns rq.Retry is rescheduled by RQ itself from rq 2.1 on.
 _RQ_RETURNS_RETRY = tuple(int(p) for p in rq.__version__.split(".")[:2] if p.isdigit()) >= (2, 1)
+
+#: A rate-limited job whose slot is at most this far away sleeps for it in the work horse. Further
+#: away it is rescheduled to come back before its slot (RQ's scheduler works in whole seconds and
+#: looks once a second, so it is scheduled this much early, rounded down) and sleeps the rest.
+RATE_NEAR = EARLY
+_RATE_LEAD = 1.0
 
 #: The job id in a holder's description (``Holder.describe()``: ``k=v`` pairs; the guard puts the
 #: job id under ``task``). RQ job ids are letters, digits, ``_`` and ``-``.
@@ -239,6 +246,8 @@ class SingletonJob:
                 on_skip=functools.partial(self._skip, job, failed_skips),
                 on_retry=functools.partial(self._retry, job),
                 duplicate_error=DuplicateJob,
+                on_rate_limit=functools.partial(self._rate_limited, job),
+                rate_near=RATE_NEAR,
             )
         except BaseException as exc:
             if isinstance(exc, DuplicateJob) and not any(exc is e for e in failed_skips):
@@ -359,15 +368,7 @@ class SingletonJob:
                 f"{duplicate.message()}; on_duplicate='retry' needs rq >= 2.1 (a job that returns "
                 f"rq.Retry is rescheduled by RQ), this is rq {rq.__version__}"
             )
-        queue = job.origin
-        if not job.connection.exists(RQScheduler.get_locking_key(queue)):
-            raise ConfigurationError(
-                f"{duplicate.message()}; on_duplicate='retry' reschedules the job, which needs "
-                f"RQ's scheduler, but no scheduler is running for queue {queue!r}: start workers "
-                "with `rq worker --with-scheduler` (a --burst worker runs none). The job failed "
-                "instead of waiting unseen in the ScheduledJobRegistry; requeue it from the "
-                "FailedJobRegistry once a scheduler runs"
-            )
+        self._require_scheduler(job, duplicate.message(), "on_duplicate='retry'")
         previous = job.meta.get(META_KEY)
         retries = int(previous.get("retries", 0)) + 1 if isinstance(previous, dict) else 1
         # The delays grow with the retries made so far; RQ schedules in whole seconds.
@@ -376,6 +377,40 @@ class SingletonJob:
             job, outcome="retry", duplicate=duplicate.as_meta(), retry_in=delay, retries=retries
         )
         return Retry(max=_RETRY_FOREVER, interval=delay)
+
+    @staticmethod
+    def _require_scheduler(job: Job, message: str, option: str) -> None:
+        """A ConfigurationError unless a scheduler serves the job's queue (a rescheduled job
+        would wait unseen in the ScheduledJobRegistry)."""
+        queue = job.origin
+        if not job.connection.exists(RQScheduler.get_locking_key(queue)):
+            raise ConfigurationError(
+                f"{message}; {option} reschedules the job, which needs RQ's scheduler, but no "
+                f"scheduler is running for queue {queue!r}: start workers with `rq worker "
+                "--with-scheduler` (a --burst worker runs none). The job failed instead of "
+                "waiting unseen in the ScheduledJobRegistry; requeue it from the "
+                "FailedJobRegistry once a scheduler runs"
+            )
+
+    def _rate_limited(self, job: Job, throttle: Throttle) -> Retry | None:
+        """The job may not run now by its rate limit: reschedule it for its reserved slot
+        (``"retry"``), or finish it without the body (``"skip"``). A skipped job with dependents
+        fails with RateLimited instead: the work they wait for was not done, and RQ keeps a
+        failed job's dependents deferred."""
+        if throttle.policy == "retry":
+            self._require_scheduler(job, throttle.message(), "on_rate_limit='retry'")
+            delay = max(1, math.floor(throttle.retry_after - _RATE_LEAD))
+            self._record(job, outcome="rate_deferred", rate=throttle.as_meta(), retry_in=delay)
+            return Retry(max=_RETRY_FOREVER, interval=delay)
+        dependents = self._record_duplicate(job, outcome="rate_limited", rate=throttle.as_meta())
+        if dependents:
+            raise RateLimited(
+                f"{throttle.message()}; skipped, and its dependents ({', '.join(dependents)}) "
+                "would run without its work: the job fails instead, so RQ keeps them deferred",
+                throttle.key,
+                throttle.retry_after,
+            )
+        return None
 
     @staticmethod
     def _record(job: Job, **fields: Any) -> None:
@@ -415,6 +450,7 @@ class SingletonJob:
             on_skip=lambda duplicate: None,
             on_retry=retry,
             duplicate_error=DuplicateJob,
+            on_rate_limit=lambda throttle: None,
         )
 
     # -- at enqueue ------------------------------------------------------------------------------

@@ -29,13 +29,18 @@ def test_limit_takes_whole_numbers_from_one(value: int) -> None:
     assert resolve_options({"limit": value}).limit == value
 
 
-@pytest.mark.parametrize("value", [0, -1, True, False, 2.0, 2.5, "3", None, [3]])
+def test_limit_none_turns_the_execution_lock_off() -> None:
+    assert not check_options({"limit": None})
+    assert resolve_options({"limit": None}).limit is None
+
+
+@pytest.mark.parametrize("value", [0, -1, True, False, 2.0, 2.5, "3", [3]])
 def test_any_other_limit_is_an_error_naming_the_option(value: Any) -> None:
     with pytest.raises(ConfigurationError) as error:
         validate_options({"limit": value}, "options of task t")
     assert str(error.value).startswith(
-        f"options of task t: limit must be a whole number >= 1 (bodies at once per key), "
-        f"got {value!r}"
+        "options of task t: limit must be a whole number >= 1 (bodies at once per key) or None "
+        f"(no execution lock), got {value!r}"
     )
     [problem] = check_options({"limit": value})
     assert (problem.option, problem.code, problem.warning) == ("limit", "E011", False)
