@@ -39,10 +39,9 @@ from tasklock import stats
 from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
 from tasklock.core.base import BaseLock
 from tasklock.core.clock import clock
-from tasklock.core.connection import backend_errors, client_for_url
+from tasklock.core.connection import client_for_url
 from tasklock.core.lock import Lock
 from tasklock.core.owner import Holder
-from tasklock.core.scripts import CLAIM, DELETE_IF
 from tasklock.core.semaphore import Semaphore
 from tasklock.duplicates import RETRY_FIRST_DELAY, Duplicate, duplicate_retry_delay
 from tasklock.errors import (
@@ -52,6 +51,7 @@ from tasklock.errors import (
     LockError,
     RateLimited,
 )
+from tasklock.pending import PendingMarkers
 from tasklock.rating import RateGate, Throttle
 from tasklock.signature import CallKey
 
@@ -71,9 +71,6 @@ R = TypeVar("R")
 #: Fresh non-blocking attempts when the lock was released between a failed attempt and the look
 #: at its holder (the lock is free then: the call is no duplicate).
 _FREE_RETRIES = 3
-
-#: Claims of one pending marker before giving up when every twin it names turns out stale.
-_CLAIM_ATTEMPTS = 5
 
 #: Jitter for retry delays, from a generator of our own: drawing from the random module's shared
 #: one would shift the numbers of an application that seeds it for reproducible runs.
@@ -106,8 +103,11 @@ def reset_all() -> None:
         guard.reset()
 
 
-class Guard:
-    """The singleton policy of one task. Thread-safe; one instance per task per process."""
+class Guard(PendingMarkers):
+    """The singleton policy of one task. Thread-safe; one instance per task per process.
+
+    The enqueue-time marker's methods (``claim_pending``, ``keep_pending``, ``pending_again``,
+    ``clear_pending``) are in its base, :class:`tasklock.pending.PendingMarkers`."""
 
     def __init__(
         self,
@@ -225,170 +225,6 @@ class Guard:
             lock.name,
             lock.lost.reason,
         )
-
-    # -- enqueue-time dedupe ---------------------------------------------------------------------
-    def _marker_client(self) -> Any:
-        # The marker is about pending work, not safety: one node suffices (the first with Redlock).
-        options = self.options
-        return client_for_url(options.urls[0]) if options.urls else self._client()
-
-    def claim_pending(
-        self,
-        args: Iterable[Any],
-        kwargs: Mapping[str, Any],
-        task_id: str,
-        *,
-        is_pending: Callable[[str], bool] | None = None,
-        delay: float = 0.0,
-    ) -> str | None:
-        """Mark this call as pending under ``task_id``; return the id of a pending twin, if any.
-
-        The marker lives ``pending_ttl`` seconds, plus ``delay`` (seconds until the call is due,
-        for a countdown/eta), so a call scheduled far ahead stays pending until it can run.
-
-        ``is_pending(task_id)``, when given, is asked about a twin's id before it is trusted: an
-        adapter that can see its framework's job states (RQ) answers False for a twin that is no
-        longer queued or running (finished, failed, cancelled, deleted, or never enqueued because
-        its producer died). Such a stale marker is cleared (only if it still names that id) and the
-        claim is tried again, so a missed clean-up costs one look-up, not ``pending_ttl`` of
-        refused enqueues.
-
-        Fails closed like execution: an unreachable Redis raises BackendUnavailable (the caller
-        then decides; nothing is enqueued silently twice or dropped).
-        """
-        key = self.pending_key(args, kwargs)
-        client = self._marker_client()
-        ttl_ms = self._pending_ttl_ms(delay)
-        for _ in range(_CLAIM_ATTEMPTS):
-            with backend_errors(client, f"marking {self.name} as pending"):
-                existing = CLAIM(client, (key,), (task_id, ttl_ms))
-            if existing is None:
-                return None
-            existing_id = existing.decode() if isinstance(existing, bytes) else str(existing)
-            if is_pending is not None and not is_pending(existing_id):
-                log.info(
-                    "%s: pending marker named task %s, which is no longer queued or running; "
-                    "replacing it (key=%s)",
-                    self.name,
-                    existing_id,
-                    key,
-                )
-                with backend_errors(client, f"clearing a stale pending marker of {self.name}"):
-                    DELETE_IF(client, (key,), (existing_id,))
-                continue
-            stats.increment("deduplicated", self.name)
-            log.info(
-                "%s: not enqueued again, task %s with the same key is pending (key=%s)",
-                self.name,
-                existing_id,
-                key,
-            )
-            return existing_id
-        raise LockError(
-            f"{self.name}: could not claim the pending marker {key} in {_CLAIM_ATTEMPTS} attempts: "
-            "every twin it named was stale and another producer kept replacing it",
-            lock_name=key,
-        )
-
-    def keep_pending(
-        self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str, *, delay: float = 0.0
-    ) -> bool:
-        """Renew this call's marker while it waits to start (``dedupe_enqueue="until_start"``).
-
-        A queued run of "until_start" waits for the running one by design, for as long as that
-        runs: it renews its marker each time it meets the holder again (``"retry"``: before each
-        retry, for ``pending_ttl`` plus ``delay``; ``"wait"``: every third of ``pending_ttl``), so
-        the marker cannot expire under it and let another submission queue a second run behind
-        the running one. A marker that expired anyway (or was found stale) is claimed again:
-        this call has not started, so later submissions may rely on it. Returns whether the
-        marker names this call now; a marker another call holds is left alone (this call then
-        runs as well: one run more, never one lost). Never raises: it is bookkeeping, and the
-        marker's TTL is the backstop.
-        """
-        try:
-            key = self.pending_key(args, kwargs)
-            client = self._marker_client()
-            ttl_ms = self._pending_ttl_ms(delay)
-            with backend_errors(client, f"renewing the pending marker of {self.name}"):
-                existing = CLAIM(client, (key,), (task_id, ttl_ms))
-                if existing is not None:
-                    log.info(
-                        "%s: task %s waits to start, but the pending marker names task %r now "
-                        "(key=%s)",
-                        self.name,
-                        task_id,
-                        existing,
-                        key,
-                    )
-                    return False
-                # Ours (claimed again, or still ours): give it a full TTL from now. Only our own
-                # run deletes or replaces a marker that names a pending task, so it is still ours.
-                client.pexpire(key, ttl_ms)
-            return True
-        except Exception as exc:
-            log.warning("%s: could not renew pending marker: %s", self.name, exc)
-            return False
-
-    def pending_again(
-        self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str, *, delay: float = 0.0
-    ) -> None:
-        """A started run of ``dedupe_enqueue="until_start"`` will run again (its body asked for a
-        retry): claim the marker for it again, if no later submission holds it by now.
-
-        Call it while the run still holds the execution lock: the retry cannot start (and clear
-        the marker) before this claim, so the marker never names a run whose body has begun.
-        Submissions made from now on return the retry's handle; they are covered, since the
-        retry runs the body again from the start. Never raises.
-        """
-        if self.options.dedupe_enqueue != "until_start":
-            return
-        try:
-            key = self.pending_key(args, kwargs)
-            client = self._marker_client()
-            with backend_errors(client, f"marking {self.name} as pending again"):
-                CLAIM(client, (key,), (task_id, self._pending_ttl_ms(delay)))
-        except Exception as exc:
-            log.warning("%s: could not mark the retry as pending: %s", self.name, exc)
-
-    def _clear_at_start(self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str) -> None:
-        """``dedupe_enqueue="until_start"``: this run holds the lock; clear its marker before the
-        body begins. Fails closed like the acquire: the body does not run while the marker
-        still names it, since every submission returning its handle from then on would be lost
-        (``on_backend_error="run"`` runs it all the same, and logs)."""
-        key = self.pending_key(args, kwargs)
-        try:
-            client = self._marker_client()
-            with backend_errors(client, f"clearing the pending marker of {self.name}"):
-                DELETE_IF(client, (key,), (task_id,))
-        except BackendUnavailable as exc:
-            if self.options.on_backend_error != "run":
-                stats.increment("backend_error", self.name)
-                raise
-            log.warning(
-                "%s: running although the pending marker could not be cleared "
-                "(on_backend_error='run'); until it expires, submissions return this run's "
-                "handle: %s",
-                self.name,
-                exc,
-            )
-
-    def _pending_ttl_ms(self, delay: float) -> int:
-        return int((self.options.pending_ttl + max(0.0, delay)) * 1000)
-
-    def clear_pending(
-        self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str | None
-    ) -> None:
-        """Clear this call's marker if ``task_id`` still owns it. Never raises: the marker's TTL
-        is the backstop, and a finished task must not fail because of bookkeeping."""
-        if not task_id or not self.options.dedupe_enqueue:
-            return
-        try:
-            key = self.pending_key(args, kwargs)
-            client = self._marker_client()
-            with backend_errors(client, f"clearing the pending marker of {self.name}"):
-                DELETE_IF(client, (key,), (task_id,))
-        except Exception as exc:
-            log.warning("%s: could not clear pending marker (expires by TTL): %s", self.name, exc)
 
     # -- execution -------------------------------------------------------------------------------
     def run(

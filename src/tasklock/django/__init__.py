@@ -13,8 +13,9 @@ Set-up, in the project's settings module::
 
 The keys are the task options in upper case (``URL``, ``URLS``, ``TTL``, ``KEY_PREFIX``,
 ``ON_DUPLICATE``, ``ON_BACKEND_ERROR``, ``WAIT_TIMEOUT``, ``ON_WAIT_TIMEOUT``,
-``DEDUPE_ENQUEUE``, ``LIMIT``, ``PENDING_TTL``, ``WATCHDOG``). ``KEY`` and ``FENCING`` describe
-one task's arguments, so they belong on the task decorator, not here.
+``DEDUPE_ENQUEUE``, ``LIMIT``, ``RATE``, ``BURST``, ``RATE_GROUP``, ``ON_RATE_LIMIT``,
+``PENDING_TTL``, ``WATCHDOG``). ``KEY``, ``FENCING`` and ``RATE_KEY`` describe one task's
+arguments, so they belong on the task decorator, not here.
 
 When Django is configured, the Celery and RQ adapters read ``TASKLOCK`` whether or not the app is
 installed (precedence: task options > ``TASKLOCK`` > Celery ``app.conf`` > environment >

@@ -21,7 +21,7 @@ from tasklock.django.settings import inspect_setting
 
 __all__ = ["CHECK_IDS", "check_tasklock_setting", "to_message"]
 
-#: id -> what it means. E001-E008, E010-E012 and W001-W003 come from
+#: id -> what it means. E001-E008, E010-E015 and W001-W003 come from
 #: ``tasklock.config.check_options`` (the same codes name the same mistakes in task options);
 #: E009 is Django's own. A TTL the lock core would refuse (under 0.001 s) is E002, an error: as a
 #: warning it let every task fail at run time; W001 is left for a TTL that works but is shorter
@@ -30,19 +30,25 @@ CHECK_IDS: dict[str, str] = {
     "tasklock.E001": "unknown TASKLOCK key (typo, or a lower-case key)",
     "tasklock.E002": "TTL, PENDING_TTL or WAIT_TIMEOUT is not a number of seconds in range "
     "(TTL and PENDING_TTL from 0.001 to a year, WAIT_TIMEOUT >= 0)",
-    "tasklock.E003": "ON_DUPLICATE, ON_WAIT_TIMEOUT or ON_BACKEND_ERROR is not one of its policies",
+    "tasklock.E003": "ON_DUPLICATE, ON_WAIT_TIMEOUT, ON_BACKEND_ERROR or ON_RATE_LIMIT is not "
+    "one of its policies",
     "tasklock.E004": "DEDUPE_ENQUEUE is not True, False or 'until_start', WATCHDOG is not a bool, "
-    "or KEY_PREFIX is not a non-empty string",
-    "tasklock.E005": "KEY is not None, a list of argument names or a callable",
+    "or KEY_PREFIX or RATE_GROUP is not a non-empty string",
+    "tasklock.E005": "KEY or RATE_KEY is not None, a list of argument names or a callable",
     "tasklock.E006": "URL or URLS is malformed (not redis://, rediss:// or unix://; URLS empty, "
     "repeated, or exactly two masters)",
     "tasklock.E007": "URL and URLS are both set",
-    "tasklock.E008": "KEY or FENCING set project-wide (they belong on the task decorator)",
+    "tasklock.E008": "KEY, FENCING or RATE_KEY set project-wide (they belong on the task "
+    "decorator)",
     "tasklock.E009": "TASKLOCK is not a dict",
     "tasklock.E010": "DEDUPE_ENQUEUE='until_start' with an ON_DUPLICATE (or, with 'wait', an "
     "ON_WAIT_TIMEOUT) that would drop the queued run",
-    "tasklock.E011": "LIMIT is not a whole number >= 1",
+    "tasklock.E011": "LIMIT is not a whole number >= 1 or None",
     "tasklock.E012": "LIMIT > 1 with URLS (Redlock): a semaphore by quorum is no limit",
+    "tasklock.E013": "RATE is not a rate ('10/s', '20/m', '30/5m', or a list of them), or BURST "
+    "is not a whole number >= 1 (or a list that matches RATE)",
+    "tasklock.E014": "FENCING with LIMIT=None: fence tokens come with the execution lock",
+    "tasklock.E015": "RATE with URLS (Redlock): a rate counted by quorum is no limit",
     "tasklock.W001": "TTL from 0.001 up to 1 second: legal, but easily lost to a pause "
     "(under 0.001 s is E002)",
     "tasklock.W002": "ON_BACKEND_ERROR='run': tasks run unlocked while Redis is unreachable",
