@@ -40,6 +40,8 @@ def acl_server() -> Iterator[RedisServer]:
         # The queue's and the permits' commands, which only a waiter or a semaphore runs:
         admin.execute_command("ACL", "SETUSER", "norpush", *everything, "-rpush")
         admin.execute_command("ACL", "SETUSER", "nozadd", *everything, "-zadd")
+        # A rate limit's hash:
+        admin.execute_command("ACL", "SETUSER", "nohset", *everything, "-hset")
         minimal = ACL_RULES.replace("<your lock names>", "orders:*").split()
         admin.execute_command("ACL", "SETUSER", "minimal", "on", f">{PASSWORD}", *minimal)
         admin.close()
@@ -156,6 +158,9 @@ def test_the_documented_minimal_acl_is_enough(acl_server: RedisServer) -> None:
         assert sem.extend(1)
         assert sem.owned()
         assert len(sem.holders()) == 1
+    limit = tasklock.RateLimit(client, "orders:rate", "1/h")
+    assert limit.try_acquire()
+    assert not limit.try_acquire()
     assert wait_behind_holder(acl_server, "minimal", "orders:2")
 
 
@@ -168,6 +173,7 @@ def test_the_documented_minimal_acl_is_enough(acl_server: RedisServer) -> None:
         ("noevalsha", "fail", "evalsha"),
         ("norpush", "fail", "lock scripts"),  # (Redis < 7.2 does not name the command)
         ("nozadd", "fail", "lock scripts"),
+        ("nohset", "fail", "lock scripts"),
     ],
 )
 def test_doctor_checks_the_users_permissions(

@@ -6,7 +6,8 @@ is an admin command). So the doctor runs what a task lock runs, as that user, on
 its own under the key prefix (``<prefix>:{doctor}:probe:<random>``, deleted again):
 
 * the acquire and release scripts by EVALSHA, loading them first (SCRIPT LOAD) as a lock does:
-  without these no lock can be taken, so a refusal is a failure;
+  without these no lock can be taken, so a refusal is a failure; the same for a rate limit's
+  script, through every branch (admitted, deferred with a reservation, admitted on it);
 * PUBLISH on the probe's wake channel (``tasklock:wake:<key>``) from inside the release script:
   without it locks still work and waiters fall back to polling, so a refusal is a warning;
 * SUBSCRIBE to that channel, as a waiter does: the same.
@@ -23,6 +24,8 @@ import redis.exceptions as redis_errors
 
 from tasklock.core.keys import fence_key_for, wake_channel
 from tasklock.core.layouts import Layout, lock_layout, permit_layout
+from tasklock.core.rate_scripts import RATE
+from tasklock.core.rates import RatePlan
 from tasklock.core.wakeup import PUBLISH_REFUSED
 
 __all__ = ["Permissions", "probe_permissions"]
@@ -57,12 +60,13 @@ def probe_permissions(client: Any, key_prefix: str = "tasklock") -> Permissions:
         ):
             if _probe(client, layout) == PUBLISH_REFUSED:
                 found.publish = f"PUBLISH to {wake_channel(key)} refused inside the release script"
+        _probe_rate(client, f"{key}:rate")
     except redis_errors.ResponseError as exc:  # NoPermissionError, or NOPERM inside a script
         found.scripts = str(exc)
     else:
-        # If DEL is not allowed, the probe's counter expires within seconds anyway (TTL 5 s).
+        # If DEL is not allowed, these expire within seconds anyway (TTL 5 s).
         with contextlib.suppress(redis_errors.ResponseError):
-            client.delete(fence_key_for(key))
+            client.delete(fence_key_for(key), f"{key}:rate")
     found.subscribe = _subscribe_refused(client, wake_channel(key))
     return found
 
@@ -92,6 +96,15 @@ def _probe(client: Any, layout: Layout) -> Any:
             script(client, keys, (other, *tail))
     value = f"{owner}#{fence}".encode()
     return layout.release(client, layout.release_keys, (value, *layout.release_tail))
+
+
+def _probe_rate(client: Any, key: str) -> None:
+    """A rate limit's three kinds of call: admitted, deferred (its slot reserved), and admitted on
+    its reservation."""
+    keys = (key, f"{key}:slot")
+    args = (0, round(PROBE_TTL * 1000), -1, *RatePlan.of("1/h").args)
+    for _ in range(3):
+        RATE(client, keys, args)
 
 
 def _subscribe_refused(client: Any, channel: str) -> str | None:
