@@ -5,7 +5,7 @@ ratios; this driver only runs them in turn and fails if one fails. ``--quick`` u
 (a smoke run that the figures should not be quoted from).
 
     python tests/benchmarks/run_all.py [--quick] [lock redlock celery rq asyncio semaphore
-        contention]
+        contention rate]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ QUICK = {
     "asyncio": ["--cycles", "100", "--rounds", "5", "--handoffs", "50", "--redlock-cycles", "50"],
     "semaphore": ["--cycles", "50", "--rounds", "3", "--seconds", "0.3"],
     "contention": ["--quick"],
+    "rate": ["--calls", "30", "--rounds", "3", "--cost-calls", "100", "--seconds", "0.5"],
 }
 
 
