@@ -8,13 +8,14 @@ is here.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from redis.exceptions import ResponseError
 
 from tasklock.asyncio.scripts import run_script
 from tasklock.core.connection import backend_errors
 from tasklock.core.rate_scripts import RATE
-from tasklock.core.ratelimit import RateLimitBase
+from tasklock.core.ratelimit import SAME_AS_MAX_WAIT, RateLimitBase
 from tasklock.core.rates import Admission
 
 __all__ = ["RateLimit"]
@@ -49,7 +50,7 @@ class RateLimit(RateLimitBase):
         *,
         reservation: str | None = None,
         keep: float = 0.0,
-        early: float | None = None,
+        early: Any = SAME_AS_MAX_WAIT,
     ) -> Admission:
         """See :meth:`tasklock.RateLimit.admit`."""
         keys, args = self._call(max_wait, reservation, keep, early)
@@ -57,7 +58,11 @@ class RateLimit(RateLimitBase):
             with backend_errors(self.redis, self._doing, keys):
                 reply = await run_script(self.redis, RATE, keys, args)
         except ResponseError as exc:
-            raise self._wrong_type(exc) or exc from None
+            if "WRONGTYPE" not in str(exc):
+                raise
+            with backend_errors(self.redis, self._doing, keys):
+                types = [await self.redis.type(key) for key in keys]
+            raise self._wrong_type(keys, types) from None
         return Admission.from_reply(reply)
 
     async def reset(self) -> None:

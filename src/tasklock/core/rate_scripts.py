@@ -39,15 +39,12 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local max_wait = tonumber(ARGV[1])
 local keep = tonumber(ARGV[2])
 local early = tonumber(ARGV[3])
-local function within(wait, limit)
-  return limit < 0 or wait <= limit
-end
 
 if KEYS[2] then
   local slot = redis.call('GET', KEYS[2])
   if slot then
     local wait = math.max(0, tonumber(slot) - now)
-    if within(wait, early) then
+    if early < 0 or wait <= early then
       redis.call('DEL', KEYS[2])
       return {1, math.ceil(wait), 0}
     end
@@ -56,27 +53,27 @@ if KEYS[2] then
 end
 
 local n = (#ARGV - 3) / 3
-local fields = {}
+local fields, intervals, bursts = {}, {}, {}
 for i = 1, n do
   fields[i] = ARGV[3 * i + 1]
+  intervals[i] = tonumber(ARGV[3 * i + 2])
+  bursts[i] = tonumber(ARGV[3 * i + 3])
 end
 local stored = redis.call('HMGET', KEYS[1], unpack(fields))
 local at = now
 local tats = {}
 for i = 1, n do
-  local interval = tonumber(ARGV[3 * i + 2])
-  local burst = tonumber(ARGV[3 * i + 3])
   local tat = now
   if stored[i] then
     tat = math.max(now, tonumber(stored[i]))
   end
   tats[i] = tat
-  at = math.max(at, tat + (1 - burst) * interval)
+  at = math.max(at, tat + (1 - bursts[i]) * intervals[i])
 end
 
 local wait = at - now
 local deferred = false
-if not within(wait, max_wait) then
+if max_wait >= 0 and wait > max_wait then
   if not (KEYS[2] and keep > 0) then
     return {0, math.ceil(wait), 0}
   end
@@ -87,19 +84,24 @@ local expire = now
 local remaining = nil
 local values = {}
 for i = 1, n do
-  local interval = tonumber(ARGV[3 * i + 2])
-  local burst = tonumber(ARGV[3 * i + 3])
+  local interval, burst = intervals[i], bursts[i]
   local new = math.max(tats[i], at) + interval
   values[#values + 1] = fields[i]
   values[#values + 1] = string.format('%.3f', new)
   expire = math.max(expire, new)
-  local left = math.floor((now + burst * interval - new) / interval)
+  -- (a microsecond of tolerance: timestamps of 1.7e15 µs are exact to a quarter of one only,
+  -- and 4 intervals of 1e6/7 µs would come out just under 4)
+  local left = math.floor((now + burst * interval - new + math.min(1, interval / 1000)) / interval)
   if remaining == nil or left < remaining then
     remaining = left
   end
 end
 redis.call('HSET', KEYS[1], unpack(values))
-redis.call('PEXPIRE', KEYS[1], math.ceil((expire - now) / 1000) + 1)
+-- Only ever lengthened: callers of one name with other rates (a longer period) keep their state.
+local ttl = math.ceil((expire - now) / 1000) + 1
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
 if deferred then
   redis.call('SET', KEYS[2], string.format('%.3f', at), 'PX', math.ceil(wait / 1000) + keep)
   return {2, math.ceil(wait), 0}

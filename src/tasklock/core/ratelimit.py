@@ -18,7 +18,10 @@ from tasklock.core.rate_scripts import RATE
 from tasklock.core.rates import Admission, RatePlan, micros
 from tasklock.errors import ConfigurationError
 
-__all__ = ["RateLimit", "check_rate_name"]
+__all__ = ["SAME_AS_MAX_WAIT", "RateLimit", "check_rate_name"]
+
+#: ``admit(early=...)``'s default: a call that finds its reservation waits as long as ``max_wait``.
+SAME_AS_MAX_WAIT: Any = object()
 
 
 def check_rate_name(name: Any) -> str:
@@ -59,10 +62,12 @@ class RateLimitBase:
         return self.plan.bursts
 
     def _call(
-        self, max_wait: float | None, reservation: str | None, keep: float, early: float | None
+        self, max_wait: float | None, reservation: str | None, keep: float, early: Any
     ) -> tuple[list[str], list[Any]]:
         keys = [self.name] if reservation is None else [self.name, reservation]
-        keep_ms = 0 if reservation is None else max(1, round(keep * 1000))
+        keep_ms = 0 if reservation is None or keep <= 0 else max(1, round(keep * 1000))
+        if early is SAME_AS_MAX_WAIT:
+            early = max_wait
         return keys, [micros(max_wait), keep_ms, micros(early), *self.plan.args]
 
     @staticmethod
@@ -74,14 +79,22 @@ class RateLimitBase:
             return 0.0
         return None if blocking_timeout is None else float(blocking_timeout)
 
-    def _wrong_type(self, exc: ResponseError) -> ConfigurationError | None:
-        """A clear error for a name whose key holds something else (a lock, a permit set)."""
-        if "WRONGTYPE" not in str(exc):
-            return None
+    def _wrong_type(self, keys: list[str], types: list[Any]) -> ConfigurationError:
+        """A clear error for a key that holds something else (a lock, a permit set, your data),
+        naming it: ``types`` are the keys' TYPEs, read after the script met WRONGTYPE."""
+        expected = ("hash", "string")  # the limit's hash; a reservation's string
+        names = [t.decode() if isinstance(t, bytes) else str(t) for t in types]
+        for key, found, wanted in zip(keys, names, expected, strict=False):
+            if found not in (wanted, "none"):
+                what = "a rate limit's hash" if wanted == "hash" else "a reservation (a string)"
+                return ConfigurationError(
+                    f"rate limit {self.name!r}: the key {key!r} holds a {found} (a lock, a "
+                    f"semaphore, or data of your own), not {what}: give the rate limit a name "
+                    "of its own"
+                )
         return ConfigurationError(
-            f"rate limit {self.name!r}: the key {self.name!r} holds another kind of value (a "
-            "lock, a semaphore, or data of your own), not a rate limit's hash: give the rate "
-            "limit a name of its own"
+            f"rate limit {self.name!r}: one of the keys {keys!r} holds another kind of value: "
+            "give the rate limit a name of its own"
         )
 
     def __repr__(self) -> str:
@@ -105,10 +118,18 @@ class RateLimit(RateLimitBase):
     server's: one script, one round trip, the server's clock.
     """
 
+    def __init__(self, redis: Any, name: str, rate: Any, burst: Any = 1) -> None:
+        super().__init__(redis, name, rate, burst)
+        self._bound = RATE.bind(redis, [self.name], self.plan.args)
+
     def try_acquire(self) -> Admission:
         """One call now, if every limit admits it: a truthy :class:`Admission`. Refused: a falsy
         one whose ``retry_after`` says when to try again (nothing was consumed)."""
-        return self.admit(0.0)
+        try:
+            with backend_errors(self.redis, self._doing, (self.name,)):
+                return Admission.from_reply(self._bound(0, 0, 0))
+        except ResponseError:
+            return self.admit(0.0)  # (names a key of the wrong type, or raises the error)
 
     def acquire(self, blocking: bool = True, blocking_timeout: float | None = None) -> bool:
         """Take this call's slot and sleep until it: True. False, consuming nothing, when the slot
@@ -129,21 +150,28 @@ class RateLimit(RateLimitBase):
         *,
         reservation: str | None = None,
         keep: float = 0.0,
-        early: float | None = None,
+        early: Any = SAME_AS_MAX_WAIT,
     ) -> Admission:
         """The one round trip under every method: admit a call whose slot is at most ``max_wait``
         seconds away (None: any), without sleeping. With ``reservation`` (a key in the limit's
         cluster slot) a call whose slot is further is deferred instead of refused: its slot is
         kept there for ``keep`` seconds past the slot, and a later call with the same key is
         admitted at that slot (the task layer's ``on_rate_limit="retry"``): at once when the slot
-        has passed, and after a wait when it is at most ``early`` seconds away (None: any).
-        Further away, it is deferred again, reservation kept."""
+        has passed, and after a wait when it is at most ``early`` seconds away (by default
+        ``max_wait``; None: any). Further away, it is deferred again, reservation kept."""
         keys, args = self._call(max_wait, reservation, keep, early)
         try:
             with backend_errors(self.redis, self._doing, keys):
-                reply = RATE(self.redis, keys, args)
+                if reservation is None:  # the hot path: the key and the limits encoded once
+                    reply = self._bound(*args[:3])
+                else:
+                    reply = RATE(self.redis, keys, args)
         except ResponseError as exc:
-            raise self._wrong_type(exc) or exc from None
+            if "WRONGTYPE" not in str(exc):
+                raise
+            with backend_errors(self.redis, self._doing, keys):
+                types = [self.redis.type(key) for key in keys]
+            raise self._wrong_type(keys, types) from None
         return Admission.from_reply(reply)
 
     def reset(self) -> None:

@@ -26,6 +26,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from tasklock.errors import ConfigurationError
@@ -74,10 +75,10 @@ class Rate:
 
     @property
     def field(self) -> str:
-        """Where this limit's TAT is kept in the key's hash: its period in milliseconds, so that
-        a changed count ("10/s" to "20/s") keeps its state and two rates over one period are
-        refused."""
-        return f"{round(self.period * 1000)}ms"
+        """Where this limit's TAT is kept in the key's hash: its period in milliseconds (to the
+        microsecond), so that a changed count ("10/s" to "20/s") keeps its state and two rates
+        over one period are refused."""
+        return f"{self.period * 1000:.3f}".rstrip("0").rstrip(".") + "ms"
 
     def __str__(self) -> str:
         return self.text
@@ -144,7 +145,8 @@ class RatePlan:
             if len(burst) != len(rates):
                 raise ConfigurationError(
                     f"{burst_option} lists {len(burst)} values for {len(rates)} rate(s) "
-                    f"({', '.join(map(str, rates))}): give one int for all, or one per rate"
+                    f"({', '.join(map(str, rates))}), got {burst_option}={list(burst)!r}: give "
+                    "one int for all, or one per rate"
                 )
             bursts = tuple(burst)
         else:
@@ -164,7 +166,7 @@ class RatePlan:
             )
         return cls(rates, bursts)
 
-    @property
+    @cached_property
     def args(self) -> tuple[Any, ...]:
         """The script's per-limit arguments: field, emission interval in µs, burst."""
         out: list[Any] = []
@@ -180,8 +182,8 @@ class RatePlan:
 
 
 def micros(seconds: float | None) -> int:
-    """A wait in whole microseconds for the script; None (no bound) is -1."""
-    if seconds is None:
+    """A wait in whole microseconds for the script; None or infinity (no bound) is -1."""
+    if seconds is None or seconds == math.inf:
         return -1
     return max(0, math.floor(seconds * 1_000_000))
 
@@ -209,10 +211,7 @@ class Admission:
 
     @classmethod
     def from_reply(cls, reply: Sequence[Any]) -> Admission:
-        status, wait_us, remaining = (int(x) for x in reply[:3])
+        status = int(reply[0])
         return cls(
-            allowed=status == ADMITTED,
-            retry_after=wait_us / 1_000_000,
-            remaining=max(0, remaining),
-            deferred=status == DEFERRED,
+            status == ADMITTED, int(reply[1]) / 1_000_000, max(0, int(reply[2])), status == DEFERRED
         )

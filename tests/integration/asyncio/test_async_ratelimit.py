@@ -243,7 +243,7 @@ async def test_a_deferred_call_comes_back_to_its_slot(ar: aioredis.Redis) -> Non
 
 async def test_a_key_of_another_type_is_a_configuration_error(ar: aioredis.Redis) -> None:
     await ar.set("a:taken", "x")
-    with pytest.raises(ConfigurationError, match="the key 'a:taken' holds another kind of value"):
+    with pytest.raises(ConfigurationError, match="the key 'a:taken' holds a "):
         await RateLimit(ar, "a:taken", "10/s").try_acquire()
 
 
