@@ -6,9 +6,9 @@
     ``EVALSHA`` of a no-op script (``return {1, 0, 0}``) with the same key and arguments as
     tasklock's call. Also shown: the same no-op sent the way tasklock sends its scripts (a
     per-thread connection, no pool: see ``tasklock.core.lanes``), which leaves only the rate
-    script's own cost and its Python around it; two prototypes, timed here only, that split that
-    cost (tasklock's script with its arguments built once, and a lean one-limit GCRA script with
-    the same answers); and the Redis rate limiters that install beside tasklock: ``limits`` 5
+    script's own cost and its Python around it; a prototype, timed here only, of what the general
+    multi-limit script costs over a lean one-limit GCRA script with the same answers; and the
+    Redis rate limiters that install beside tasklock: ``limits`` 5
     (its Redis storage, ``MovingWindowRateLimiter`` and ``SlidingWindowCounterRateLimiter``,
     ``hit()``) and pyrate-limiter 4 (a ``Limiter`` over its ``RedisBucket``, a sorted-set log of
     calls, and over a ``StateBucket`` with its GCRA on a ``RedisStateStore``; ``try_acquire(
@@ -68,7 +68,6 @@ if str(ROOT) not in sys.path:
 import redis  # noqa: E402
 
 import tasklock  # noqa: E402
-import tasklock.core.ratelimit as ratelimit_module  # noqa: E402
 from tasklock.core.rates import Admission  # noqa: E402
 from tasklock.core.scripting import Script  # noqa: E402
 from tests.benchmarks.interleave import measure, paired_ratio, print_ratios  # noqa: E402
@@ -77,7 +76,6 @@ from tests.support.servers import HOST, start_servers  # noqa: E402
 FLOOR = "floor: EVALSHA no-op (redis-py)"
 NOOP = "no-op script, tasklock's send path"
 TL = "tasklock RateLimit.try_acquire()"
-DIRECT = "proto: its script, args built once"
 LEAN = "proto: lean 1-limit Lua, args once"
 MW = "limits MovingWindow hit()"
 SWC = "limits SlidingWindowCounter hit()"
@@ -146,27 +144,6 @@ def rate_text(count: int, period: int) -> str:
     return f"{count}/s" if period == 1 else f"{count}/{period}s"
 
 
-def first_call_captured(limiter: tasklock.RateLimit) -> tuple[Admission, Any]:
-    """``limiter.try_acquire()`` once, and the keys and arguments it sent to its script (None if
-    the script is no longer called as ``RATE(client, keys, args)``)."""
-    real = getattr(ratelimit_module, "RATE", None)
-    seen: list[tuple[list[Any], list[Any]]] = []
-
-    def record(client: Any, keys: Any, args: Any) -> Any:
-        seen.append((list(keys), list(args)))
-        assert real is not None
-        return real(client, keys, args)
-
-    if real is None:
-        return limiter.try_acquire(), None
-    ratelimit_module.RATE = record
-    try:
-        admission = limiter.try_acquire()
-    finally:
-        ratelimit_module.RATE = real
-    return admission, (seen[0] if len(seen) == 1 else None)
-
-
 # -- (a) and (b): the variants --------------------------------------------------------------------
 
 
@@ -185,21 +162,14 @@ def regime_variants(
     expected: dict[str, bool | None] = {}
 
     limiter = tasklock.RateLimit(r, f"{prefix}:tasklock", rate=rate_text(count, period))
-    first, captured = first_call_captured(limiter)
-    assert first, f"{regime}: tasklock's first call was refused"
-    if captured is None:
-        keys, args = [limiter.name], list(limiter.plan.args)
-        notes.append(f"{DIRECT}: left out (tasklock's script call could not be captured)")
-    else:
-        keys, args = captured
+    assert limiter.try_acquire(), f"{regime}: tasklock's first call was refused"
+    # What try_acquire sends: no wait, no reservation, then the limits' arguments.
+    keys, args = [limiter.name], [0, 0, 0, *limiter.plan.args]
 
     floor_sha = r.script_load(NOOP_SCRIPT.source)
     variants[FLOOR] = lambda: r.evalsha(floor_sha, len(keys), *keys, *args)
     variants[NOOP] = lambda: NOOP_SCRIPT(r, keys, args)
     variants[TL] = limiter.try_acquire
-    if captured is not None:
-        rate_script = ratelimit_module.RATE
-        variants[DIRECT] = lambda: Admission.from_reply(rate_script(r, keys, args))
     if len(limiter.plan.args) == 3:
         lean_keys = [f"{prefix}:lean"]
         lean_args = [0, *limiter.plan.args]
