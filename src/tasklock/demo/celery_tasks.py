@@ -7,15 +7,16 @@ Broker, result backend and tasklock all use ``TASKLOCK_URL``; queue and key name
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from celery import Celery
+from celery import Celery, Task
 
 from tasklock.celery import singleton_task
 from tasklock.demo import ledger
 
-__all__ = ["app", "celery_url", "export", "rebuild_report", "refresh", "settle"]
+__all__ = ["app", "celery_url", "export", "notify", "rebuild_report", "refresh", "settle"]
 
 
 def celery_url(url: str) -> str:
@@ -70,3 +71,20 @@ def export(tenant_id: int) -> dict[str, Any]:
 )  # fmt: skip
 def refresh(report_id: int, fence_token: int | None = None) -> dict[str, Any]:
     return ledger.work("celery", "refresh", report_id, fence_token, ledger.REFRESH_SECONDS)
+
+
+# rate="5/s" per tenant (the call key), no execution lock. A call over the rate reserves its slot
+# and is re-sent to arrive at it (on_rate_limit="retry"): no worker process waits meanwhile.
+@singleton_task(
+    app=app, name="demo.notify", bind=True, limit=None, rate=f"{ledger.NOTIFY_PER_SECOND}/s"
+)
+def notify(self: Task[Any, Any], tenant_id: int) -> dict[str, Any]:
+    # A re-sent call carries an eta: the slot it reserved. The first run of a call has none.
+    eta = self.request.eta
+    if isinstance(eta, str):
+        eta = datetime.fromisoformat(eta)
+    slot = eta.timestamp() if isinstance(eta, datetime) else None
+    extra = {"call": self.request.id, "resent": slot is not None, "slot": slot}
+    return ledger.work(
+        "celery", "notify", tenant_id, None, ledger.NOTIFY_SECONDS, fenced_write=False, extra=extra
+    )

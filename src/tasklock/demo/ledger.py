@@ -19,6 +19,8 @@ from tasklock.core.connection import client_for_url
 
 __all__ = [
     "EXPORT_SECONDS",
+    "NOTIFY_PER_SECOND",
+    "NOTIFY_SECONDS",
     "REBUILD_SECONDS",
     "REFRESH_SECONDS",
     "SETTLE_SECONDS",
@@ -35,6 +37,10 @@ REBUILD_SECONDS = 0.5
 #: The fourth scene: exports run two at a time; a refresh runs while submissions arrive.
 EXPORT_SECONDS = 0.8
 REFRESH_SECONDS = 0.8
+#: The fifth scene: a notification does next to no work; only when it starts matters.
+NOTIFY_SECONDS = 0.01
+#: ... and its tasks' rate: ``rate="5/s"`` per tenant.
+NOTIFY_PER_SECOND = 5
 
 # KEYS[1] = register hash, ARGV[1] = item, ARGV[2] = fence token.
 # Accept the write only if its token is above every token this item has seen; 1 or 0.
@@ -64,10 +70,12 @@ def work(
     seconds: float,
     *,
     fenced_write: bool = True,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Work on ``item`` (an account, a report) for ``seconds``, then write the result through
     the fenced register (unless ``fenced_write`` is False: runs of a ``limit`` > 1 overlap, so
-    their tokens do not order their writes), and record the run. Its start is announced too."""
+    their tokens do not order their writes), and record the run, with ``extra`` fields. Its
+    start is announced too."""
     started = time.time()
     redis_client = client()
     redis_client.rpush(
@@ -88,6 +96,7 @@ def work(
         "pid": os.getpid(),
         "start": started,
         "end": time.time(),
+        **(extra or {}),
     }
     redis_client.rpush(f"{namespace()}:runs", json.dumps(record))
     return record

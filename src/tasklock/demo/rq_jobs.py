@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasklock.demo import ledger
-from tasklock.rq import singleton_job
+from rq import get_current_job
 
-__all__ = ["export", "rebuild_report", "refresh", "settle"]
+from tasklock.demo import ledger
+from tasklock.rq import META_KEY, singleton_job
+
+__all__ = ["export", "notify", "rebuild_report", "refresh", "settle"]
 
 
 @singleton_job(fencing=True)
@@ -32,3 +34,16 @@ def export(tenant_id: int) -> dict[str, Any]:
 @singleton_job(fencing=True, dedupe_enqueue="until_start", on_duplicate="wait", wait_timeout=None)
 def refresh(report_id: int, fence_token: int | None = None) -> dict[str, Any]:
     return ledger.work("rq", "refresh", report_id, fence_token, ledger.REFRESH_SECONDS)
+
+
+# rate="5/s" per tenant, no execution lock. A job whose slot is near sleeps for it in the horse;
+# further away it is rescheduled for it (on_rate_limit="retry"), which takes RQ's scheduler.
+@singleton_job(limit=None, rate=f"{ledger.NOTIFY_PER_SECOND}/s")
+def notify(tenant_id: int) -> dict[str, Any]:
+    job = get_current_job()
+    # A rescheduled job's tasklock record says when it was sent back (retry_in).
+    record = job.meta.get(META_KEY, {}) if job is not None else {}
+    extra = {"call": job.id if job is not None else None, "resent": "retry_in" in record}
+    return ledger.work(
+        "rq", "notify", tenant_id, None, ledger.NOTIFY_SECONDS, fenced_write=False, extra=extra
+    )

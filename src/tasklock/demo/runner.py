@@ -1,9 +1,17 @@
 """``tasklock demo``: real workers, bursts of duplicate work, and what tasklock made of them.
 
 Steps: a Redis (an embedded redis-server unless ``--url``), a Celery worker with a prefork pool
-and forking RQ workers as subprocesses, then three bursts (Celery, RQ, enqueue-time dedupe) and a
-short scene of ``limit=2`` and ``dedupe_enqueue="until_start"``. Each outcome is printed and
-checked; a broken promise is a one-line error and exit status 1.
+and forking RQ workers as subprocesses (the first also runs RQ's scheduler), then the scenes:
+
+1. Celery: bursts of duplicate ``settle`` calls, skipped while their twin runs; fence tokens;
+2. RQ: the same with RQ jobs;
+3. ``dedupe_enqueue``: ten concurrent submissions of one call give one task / job id;
+4. ``limit=2`` (exports two at a time) and ``dedupe_enqueue="until_start"``;
+5. ``rate="5/s"`` with ``limit=None``: ten notifications submitted at once get slots 0.2 s apart
+   and run at them (Celery re-sends a call for its slot; an RQ work horse sleeps until a slot
+   under 2 s away, and a job with a slot further away is rescheduled, for RQ's scheduler).
+
+Each outcome is printed and checked; a broken promise is a one-line error and exit status 1.
 Everything the demo started is stopped and its temp dir removed, on success, failure or Ctrl-C;
 with ``--url``, the keys it wrote are deleted (they all carry the run's namespace).
 
@@ -39,7 +47,9 @@ from tasklock.demo.scenario import (
     at_once,
     celery_verdict,
     check_limited_runs,
+    check_rate_runs,
     check_runs,
+    most_in_a_second,
     rq_verdict,
 )
 from tasklock.demo.server import EmbeddedRedis
@@ -56,6 +66,11 @@ TENANT_ID = 9
 EXPORTS = 4
 EXPORT_LIMIT = 2
 REFRESH_ID = 8
+#: The fifth scene: notifications of one tenant (rate=ledger.NOTIFY_PER_SECOND), all at once.
+NOTIFY_RATE = ledger.NOTIFY_PER_SECOND
+NOTIFIES = 10
+#: A run that started more than this after its slot is reported (it came back late).
+LATE = 0.1
 
 
 def main(args: Any) -> int:
@@ -228,11 +243,13 @@ class Demo:
         rq_fences = self.rq_burst()
         self.dedupe_bursts()
         self.limits_scene()
+        self.rate_scene()
         self.say()
         self.say(
             "Checked: every submission ran or was skipped (none lost); no two runs of one call "
-            f"overlapped\n(exports: never more than {EXPORT_LIMIT}); every fenced write was "
-            "accepted; fence tokens only went up:\n"
+            f"overlapped\n(exports: never more than {EXPORT_LIMIT}; notifications: each ran once, "
+            f"not before its slot, at most {NOTIFY_RATE} slots\na second, +1 at a window's edge); "
+            "every fenced write was accepted; fence tokens only went up:\n"
             f"   Celery settle {_chain(celery_fences)}\n   RQ     settle {_chain(rq_fences)}"
         )
         self.say(f"Done in {time.monotonic() - began:.1f} s.")
@@ -513,6 +530,63 @@ class Demo:
                 f"first: {runs[0]['start'] - t0:.2f}-{runs[0]['end'] - t0:.2f} s, then "
                 f"{runs[1]['start'] - t0:.2f}-{runs[1]['end'] - t0:.2f} s"
             )
+
+    def rate_scene(self) -> None:
+        """``rate="5/s"`` with ``limit=None``: ten notifications of one tenant, submitted at
+        once, start at their slots 0.2 s apart. Celery re-sends each call to arrive at its slot;
+        an RQ job whose slot is under 2 s away sleeps for it in the work horse (further away, it
+        is rescheduled, which takes RQ's scheduler)."""
+        self.say()
+        call = f"notify({TENANT_ID})"
+        self.say(
+            f'5. rate="{NOTIFY_RATE}/s" per tenant, limit=None: {call} submitted {NOTIFIES} '
+            'times at once (on_rate_limit="retry")'
+        )
+        celery_notify, rq_notify = self.celery_tasks.notify, self.rq_jobs.notify
+        sent = {
+            "celery": [celery_notify.delay(TENANT_ID).id for _ in range(NOTIFIES)],
+            "rq": [self.queue.enqueue(rq_notify, TENANT_ID).id for _ in range(NOTIFIES)],
+        }
+        self.rq_job_ids += sent["rq"]
+        waited = {
+            "celery": self._wait(sent["celery"], self._celery_verdicts(call), call),
+            "rq": self._wait(sent["rq"], self._rq_verdicts(call), call),
+        }
+        for runner, call_text in (
+            ("celery", f".delay({TENANT_ID})"),
+            ("rq", f".enqueue(queue, {TENANT_ID})"),
+        ):
+            name = "Celery" if runner == "celery" else "RQ"
+            runs = sorted(self._runs(runner, "notify"), key=lambda run: run["start"])
+            # Only a Celery call re-sent for its slot records the slot (its eta). Any other run
+            # was admitted as it started, or slept until its slot: it started at its slot.
+            for run in runs:
+                run["slot"] = run["start"] if run.get("slot") is None else run["slot"]
+            late = check_rate_runs(f"{name} {call}", runs, waited[runner], NOTIFY_RATE)
+            t0 = runs[0]["start"]
+            starts = " ".join(f"{run['start'] - t0:.2f}" for run in runs)
+            self.say(
+                f"   {name:<7} {NOTIFIES} x {call_text:<20} -> {len(runs)} ran, each once, "
+                f"starting at {starts} s"
+            )
+            resent = sum(1 for run in runs if run["resent"])
+            were = "was" if resent == 1 else "were"
+            if runner == "celery":
+                how = (
+                    f"{resent} {were} re-sent to arrive at their slot, holding no worker meanwhile"
+                )
+            elif resent:
+                how = f"{resent} {were} rescheduled (slot over 2 s away), the rest slept in a horse"
+            else:
+                how = "every slot was under 2 s away, so the work horse slept until it"
+            self.say(f"{'':<11}{how}")
+            if late > LATE:
+                behind = sum(1 for run in runs if run["start"] - run["slot"] > LATE)
+                most = most_in_a_second([run["start"] for run in runs])
+                self.say(
+                    f"{'':<11}{behind} came back up to {late:.2f} s after their slot (the worker "
+                    f"was busy) and ran at once: {most} started within one second"
+                )
 
     def _wait_rebuild(self, ids: dict[str, set[str]]) -> dict[str, list[Verdict]]:
         call = f"rebuild_report({REPORT_ID})"

@@ -8,9 +8,10 @@ one call overlapping, fence tokens unique and increasing per call, every fenced 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,10 +28,20 @@ __all__ = [
     "at_once",
     "celery_verdict",
     "check_limited_runs",
+    "check_rate_runs",
     "check_runs",
+    "most_in_a_second",
     "peak",
     "rq_verdict",
 ]
+
+
+#: How much longer than ``(n - 1) / rate`` the slots of n rate-limited calls may spread: a worker
+#: that picks a call up late gives it a later slot (never an earlier one).
+RATE_SPREAD_SLACK = 1.0
+#: How far before its slot a run may be seen to start (the slot is read from another clock
+#: reading: the eta Celery computed when it re-sent the call).
+RATE_EARLY = 0.05
 
 
 @dataclass(frozen=True)
@@ -143,3 +154,48 @@ def check_limited_runs(
     if most > limit:
         raise DemoError(f"{label}: {most} runs at once, but limit={limit}")
     return most
+
+
+def most_in_a_second(starts: Sequence[float]) -> int:
+    """The most ``starts`` in any rolling second ``[t, t + 1)``."""
+    ordered = sorted(starts)
+    return max(
+        (bisect.bisect_left(ordered, start + 1.0) - i for i, start in enumerate(ordered)),
+        default=0,
+    )
+
+
+def check_rate_runs(
+    label: str,
+    runs: Sequence[dict[str, Any]],
+    verdicts: dict[str, Verdict],
+    per_second: int,
+) -> float:
+    """DemoError unless every submission (``verdicts`` by task/job id) ran exactly once, the
+    slots tasklock gave the runs (``run["slot"]``) hold never more than ``per_second`` in any
+    rolling second (one more is the window's edge: slots ``1 / per_second`` apart, a window can
+    hold both ends) and spread over about ``(n - 1) / per_second`` s, and no run started before
+    its slot. Returns how long after its slot the latest run started: a call re-sent for its slot
+    that comes back late (its worker busy) runs at once, so late runs can bunch up."""
+    times = Counter(run.get("call") for run in runs)
+    wrong = {call: times[call] for call in set(verdicts) | set(times) if times[call] != 1}
+    if wrong or not all(verdict.ran for verdict in verdicts.values()):
+        runs_of = ", ".join(f"{str(call)[:8]} ran {count}x" for call, count in wrong.items())
+        raise DemoError(
+            f"{label}: {len(verdicts)} submissions, {len(runs)} runs; each must run exactly once"
+            + (f" ({runs_of})" if runs_of else "")
+        )
+    slots = sorted(run["slot"] for run in runs)
+    most = most_in_a_second(slots)
+    if most > per_second + 1:
+        raise DemoError(f"{label}: {most} slots within one second, but rate={per_second}/s")
+    spread, expected = slots[-1] - slots[0], (len(slots) - 1) / per_second
+    if not expected * 0.9 <= spread <= expected + RATE_SPREAD_SLACK:
+        raise DemoError(
+            f"{label}: {len(slots)} slots over {spread:.2f} s; at {per_second}/s, each call "
+            f"waiting for its own, they take about {expected:.2f} s"
+        )
+    early = max(run["slot"] - run["start"] for run in runs)
+    if early > RATE_EARLY:
+        raise DemoError(f"{label}: a run started {early:.2f} s before its slot")
+    return max(0.0, *(float(run["start"] - run["slot"]) for run in runs))

@@ -1,9 +1,9 @@
 """Start the demo's real workers as subprocesses and wait until they take work.
 
-One Celery worker (prefork pool, several child processes) and several forking RQ workers, all on
-the demo's Redis; one more worker of each kind than the demo has accounts (see runner). They get
-their configuration from the environment (``TASKLOCK_URL``, ``TASKLOCK_KEY_PREFIX``) exactly as a
-deployed worker would.
+One Celery worker (prefork pool, several child processes) and several forking RQ workers (the
+first with RQ's scheduler), all on the demo's Redis; one more worker of each kind than the demo
+has accounts (see runner). They get their configuration from the environment (``TASKLOCK_URL``,
+``TASKLOCK_KEY_PREFIX``) exactly as a deployed worker would.
 """
 
 from __future__ import annotations
@@ -63,11 +63,14 @@ def start_celery_worker(namespace: str, env: Mapping[str, str], logs: Path) -> P
 
 
 def start_rq_workers(url: str, namespace: str, env: Mapping[str, str], logs: Path) -> list[Process]:
+    """RQ workers; the first also runs RQ's scheduler (a forked process), which brings back a
+    rescheduled job: one whose rate-limit slot was too far away to sleep for in the horse."""
     workers = []
     for number in range(1, RQ_WORKERS + 1):
         argv = [
             sys.executable, "-m", "tasklock.demo.rq_worker", "--url", url,
-            "--name", f"{namespace}-rq-{number}", "--logging_level", "INFO", namespace,
+            "--name", f"{namespace}-rq-{number}", "--logging_level", "INFO",
+            *(["--with-scheduler"] if number == 1 else []), namespace,
         ]  # fmt: skip
         log = logs / f"rq-{number}.log"
         workers.append(Process.start(f"RQ worker {number}", argv, log, env, signal.SIGTERM))
