@@ -83,7 +83,6 @@ from rq.scheduler import RQScheduler
 from tasklock.core.scripts import RQ_ATTACH_DEPENDENTS
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateJob, RateLimited
 from tasklock.guard import Duplicate, Guard, Throttle
-from tasklock.rating import EARLY
 
 __all__ = ["ENQUEUE_GRACE", "META_KEY", "SingletonJob", "SingletonJobFunction", "singleton_job"]
 
@@ -106,8 +105,10 @@ _RQ_RETURNS_RETRY = tuple(int(p) for p in rq.__version__.split(".")[:2] if p.isd
 
 #: A rate-limited job whose slot is at most this far away sleeps for it in the work horse. Further
 #: away it is rescheduled to come back before its slot (RQ's scheduler works in whole seconds and
-#: looks once a second, so it is scheduled this much early, rounded down) and sleeps the rest.
-RATE_NEAR = EARLY
+#: looks once a second, so it is scheduled this much early, rounded down, and at least a second
+#: ahead) and sleeps the rest, up to ``tasklock.rating.EARLY``; one that comes back late goes at
+#: the next start the limit admits.
+RATE_NEAR = 0.5
 _RATE_LEAD = 1.0
 
 #: The job id in a holder's description (``Holder.describe()``: ``k=v`` pairs; the guard puts the

@@ -6,6 +6,7 @@ deferred "until_start" run. The adapters' re-sending is tested with real workers
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import threading
 from typing import Any
@@ -53,7 +54,7 @@ def run(
 
 def tats(r: redis.Redis, guard: Guard, args: tuple[Any, ...]) -> dict[bytes, float]:
     key = guard.rate_gate.key(guard.options, args, {})
-    return {k: float(v) for k, v in r.hgetall(key).items()}
+    return {k: float(v) for k, v in r.hgetall(key).items() if not k.endswith(b":starts")}
 
 
 def test_retry_reserves_the_calls_slot_and_the_call_comes_back_to_it(
@@ -90,17 +91,21 @@ def test_a_call_back_too_early_is_deferred_again_keeping_its_place(
     assert third.retry_after > first.retry_after + 3599  # the next slot, an hour later
 
 
-def test_deferred_calls_get_slots_in_arrival_order(r: redis.Redis, redis_server: RedisServer) -> None:
+def test_deferred_calls_get_slots_in_arrival_order(
+    r: redis.Redis, redis_server: RedisServer
+) -> None:
     guard = make_guard(redis_server, rate="10/m", key=["invoice_id"], rate_key=[])
     assert run(guard, (1, 0), "t0") == "ran"
     delays = [run(guard, (1, n), f"t{n}").retry_after for n in range(1, 5)]
     assert delays == sorted(delays)
-    gaps = [b - a for a, b in zip(delays, delays[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(delays)]
     assert all(5.9 < gap < 6.1 for gap in gaps), gaps  # one emission interval (60 s / 10) apart
 
 
 def test_skip_consumes_nothing(r: redis.Redis, redis_server: RedisServer) -> None:
-    guard = make_guard(redis_server, rate=HOUR, on_rate_limit="skip", key=["invoice_id"], rate_key=[])
+    guard = make_guard(
+        redis_server, rate=HOUR, on_rate_limit="skip", key=["invoice_id"], rate_key=[]
+    )
     assert run(guard, (1, 1), "t1") == "ran"
     state = tats(r, guard, (1, 1))
     throttle = run(guard, (1, 2), "t2")

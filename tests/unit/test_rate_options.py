@@ -69,9 +69,7 @@ def test_valid_rate_options(options: dict[str, Any]) -> None:
         ({"rate": "5/s", "urls": REDLOCK}, "rate", "E015", "rate with urls (Redlock)"),
     ],
 )
-def test_each_mistake_is_named(
-    options: dict[str, Any], option: str, code: str, words: str
-) -> None:
+def test_each_mistake_is_named(options: dict[str, Any], option: str, code: str, words: str) -> None:
     problems = [p for p in check_options(options, "options of task t") if not p.warning]
     assert [(p.option, p.code) for p in problems] == [(option, code)]
     assert words in problems[0].message
