@@ -10,9 +10,12 @@ What a rate-limited call does, by ``on_rate_limit``:
 * ``"retry"`` (default): the script reserves the call's own slot, in arrival order, and the
   call is re-sent to arrive at that slot (Celery: a retry with that countdown, not counted
   against ``max_retries``; RQ: rescheduled). When it comes back it finds its reservation and
-  runs at once: no second check, no retry storm, no worker held meanwhile. A slot nearer than
-  the adapter's ``near`` is slept for in the worker instead (re-sending costs more). A call that
-  cannot be re-sent (a direct call, ``apply()``, eager mode) sleeps until its slot.
+  goes at its slot: no second check, no retry storm, no worker held meanwhile (RQ's scheduler
+  works in whole seconds, so an RQ job comes back a little early and sleeps the rest). One that
+  comes back late goes at the next start the limit admits (the script counts starts apart from
+  slots), so late calls are spaced again, never run together. A slot nearer than the adapter's
+  ``near`` is slept for in the worker instead (re-sending costs more). A call that cannot be
+  re-sent (a direct call, ``apply()``, eager mode) sleeps until its slot.
 * ``"wait"``: sleep in the worker until the slot, if it is at most ``wait_timeout`` away (the
   slot is reserved, so waiters keep their order); further away, ``on_wait_timeout`` applies.
 * ``"skip"``: the call ends without running (capacity untouched); ``"raise"``: it fails with

@@ -108,7 +108,7 @@ _RQ_RETURNS_RETRY = tuple(int(p) for p in rq.__version__.split(".")[:2] if p.isd
 #: looks once a second, so it is scheduled this much early, rounded down, and at least a second
 #: ahead) and sleeps the rest, up to ``tasklock.rating.EARLY``; one that comes back late goes at
 #: the next start the limit admits.
-RATE_NEAR = 0.5
+RATE_NEAR = 1.0
 _RATE_LEAD = 1.0
 
 #: The job id in a holder's description (``Holder.describe()``: ``k=v`` pairs; the guard puts the
