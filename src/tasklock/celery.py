@@ -53,17 +53,17 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar, cast, overload
 
 from celery import Task, shared_task, signals
 from celery import states as celery_states
 from celery._state import _task_stack  # type: ignore[attr-defined]
-from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 from kombu.utils.uuid import uuid
 
 from tasklock._celery_config import broker_client, near_miss, seconds_until_due, split_options
+from tasklock._celery_outcomes import requeue_when_down, skip_call
 from tasklock._celery_rates import defer_call
 from tasklock.config import OPTION_NAMES, validate_options
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateTask, RateLimited
@@ -92,9 +92,6 @@ RATE_LIMITED = "RATE_LIMITED"
 #: rather than going through the broker again.
 RATE_NEAR = 0.05
 
-#: How long a worker waits before handing a message back when Redis is unreachable
-#: (``acks_late``), so that an outage is not a hot redelivery loop.
-REQUEUE_PAUSE = 1.0
 
 #: Options that place a call inside a canvas (group, chord, callbacks). Such a call keeps its own
 #: task id, which the workflow waits for, so ``dedupe_enqueue`` never swallows it. ``chain`` is
@@ -141,33 +138,10 @@ def _defines_run(cls: type) -> bool:
 
 
 # -- the default Redis: the broker's --------------------------------------------------------------
-def _workflow_of(request: Context) -> str | None:
-    """What part of a workflow this call is, if any: something waits on its outcome.
-
-    ``request.chain`` is ``None`` for a call outside a chain and a list inside one, empty for the
-    last link (Celery's tracer sends the next link with ``chain=chain[:-1]``): the chain's result
-    is that link's, so a skipped last link would leave ``get()`` on the chain waiting for ever.
-    """
-    if request.chord:
-        return "a chord"
-    if request.chain is not None:
-        return "a chain"
-    if request.callbacks:
-        return "a call with link= callbacks"
-    if request.errbacks:
-        return "a call with link_error= errbacks"
-    return None
-
-
 def _unwrap(value: Any) -> Any:
     """An option's value as a class attribute: ``key = staticmethod(...)`` in a class body (so
     that the task's instances do not bind it) stands for the function itself."""
     return value.__func__ if isinstance(value, staticmethod) else value
-
-
-def _ignores_result(task: Task[Any, Any], request: Context) -> bool:
-    explicit = vars(request).get("ignore_result")
-    return bool(task.ignore_result if explicit is None else explicit)
 
 
 class SingletonTask(Task):  # type: ignore[type-arg]
@@ -416,60 +390,12 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     def _tasklock_skip(
         self, request: Context, state: str, meta: dict[str, Any], error: Exception
     ) -> None:
-        """Record the skip as ``state`` (DUPLICATE, RATE_LIMITED) where results are stored, with
-        ``meta``, then Ignore.
-
-        A call that a workflow depends on fails with DuplicateTask instead (see
-        :func:`_workflow_of`): Celery goes on with a chain, ``link=`` callbacks or a chord only
-        when a task succeeds, and fails them (calling ``link_error`` errbacks) only when it fails;
-        an ignored task does neither, so the rest would be dropped without a word and every
-        ``get()`` on it would wait for ever. Failing it (with ``error``: DuplicateTask,
-        RateLimited) lets Celery mark the rest of the chain failed, fail the chord with a
-        ChordError, and run the errbacks.
-        """
-        workflow = _workflow_of(request)
-        if workflow:
-            log.warning(
-                "%s[%s]: skipped (%s) inside %s; failing it with %s so that the workflow fails "
-                "visibly instead of stopping here (on_duplicate / on_rate_limit 'wait' or 'retry' "
-                "run it later instead)",
-                self.name,
-                request.id,
-                state,
-                workflow,
-                type(error).__name__,
-            )
-            raise error
-        store = not _ignores_result(self, request) and (
-            not request.is_eager or bool(getattr(self, "store_eager_result", False))
-        )
-        if store and request.id:
-            try:
-                self.update_state(task_id=request.id, state=state, meta=meta)
-            except NotImplementedError:
-                pass  # no result backend configured: nothing to record
-            except Exception as exc:
-                log.warning("%s: could not store the DUPLICATE state: %r", self.name, exc)
-        raise Ignore(str(error))
+        """Record the skip as ``state`` with ``meta``, then Ignore (see :func:`skip_call`)."""
+        skip_call(self, request, state, meta, error)
 
     def _tasklock_backend_down(self, request: Context, exc: Exception) -> None:
-        """Redis for the lock is unreachable and on_backend_error="raise": lose nothing.
-
-        With ``acks_late`` the message goes back to the queue (after a short pause, so an outage
-        is no hot loop) and runs once Redis is back; otherwise the task fails with the error.
-        """
-        if request.is_eager or not self.acks_late:
-            return
-        log.error(
-            "%s[%s]: Redis for the lock is unreachable; the message is requeued (acks_late) "
-            "and will run once Redis answers: %s",
-            self.name,
-            request.id,
-            exc,
-        )
-        time.sleep(REQUEUE_PAUSE)
-        # The error above says what happened; Celery logs the Reject (a warning) without a chain.
-        raise Reject(f"lock Redis unreachable: {exc}", requeue=True) from None
+        """Redis is unreachable: requeue with ``acks_late`` (see :func:`requeue_when_down`)."""
+        requeue_when_down(self, request, exc)
 
     # -- enqueue ---------------------------------------------------------------------------------
     def apply_async(

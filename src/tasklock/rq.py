@@ -65,7 +65,6 @@ import functools
 import inspect
 import logging
 import math
-import re
 import sys
 import time
 import uuid
@@ -80,7 +79,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus, get_current_job
 from rq.scheduler import RQScheduler
 
-from tasklock.core.scripts import RQ_ATTACH_DEPENDENTS
+from tasklock._rq_dependents import follow_twin
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateJob, RateLimited
 from tasklock.guard import Duplicate, Guard, Throttle
 
@@ -111,9 +110,6 @@ _RQ_RETURNS_RETRY = tuple(int(p) for p in rq.__version__.split(".")[:2] if p.isd
 RATE_NEAR = 1.0
 _RATE_LEAD = 1.0
 
-#: The job id in a holder's description (``Holder.describe()``: ``k=v`` pairs; the guard puts the
-#: job id under ``task``). RQ job ids are letters, digits, ``_`` and ``-``.
-_HOLDER_TASK = re.compile(r"(?:^|\s)task=([\w-]+)(?=\s|$)")
 
 # The Redis of the queue being enqueued to, for the guard's default client (see _default_client).
 _enqueue_connection: ContextVar[Any] = ContextVar("tasklock_rq_connection", default=None)
@@ -329,39 +325,9 @@ class SingletonJob:
     def _follow_twin(
         self, job: Job, dependents: list[str], holder: str | None
     ) -> tuple[str | None, str | None]:
-        """Make ``dependents`` of this duplicate depend on the twin as well (RQ_ATTACH_DEPENDENTS).
-
-        Returns (the twin's job id, None), or (None, why they cannot follow it). The twin is the
-        job the lock's holder names; one that has ended since is fine (RQ counts it as ended).
-        """
-        match = _HOLDER_TASK.search(holder or "")
-        if match is not None:
-            twin = match.group(1)
-            job_class = type(job)
-            keys = [job_class.key_for(twin), job_class.dependents_key_for(twin)]
-            for dependent in dependents:
-                keys.append(job_class.key_for(dependent))
-                keys.append(job_class(dependent, connection=job.connection).dependencies_key)
-            attached = RQ_ATTACH_DEPENDENTS.ordinary(
-                job.connection, keys, [twin, JobStatus.FINISHED.value, *dependents]
-            )
-            if attached >= 0:
-                log.info(
-                    "%s: job %s met its twin, job %s; its dependents %s wait for the twin too",
-                    self.name,
-                    job.id,
-                    twin,
-                    dependents,
-                )
-                return twin, None
-        problem = (
-            f"this job has dependents ({', '.join(dependents)}) that cannot be ordered after "
-            f"the twin's work: the holder is no RQ job in this job's Redis (holder: {holder}). "
-            "The job fails instead of finishing so that RQ keeps them deferred (those that "
-            "allow failures run now); requeue it from the FailedJobRegistry to run the work"
-        )
-        log.warning("%s: job %s: %s", self.name, job.id, problem)
-        return None, problem
+        """Make ``dependents`` of this duplicate depend on the twin as well (see
+        :func:`tasklock._rq_dependents.follow_twin`)."""
+        return follow_twin(self.name, job, dependents, holder)
 
     def _retry(self, job: Job, duplicate: Duplicate) -> Retry:
         if not _RQ_RETURNS_RETRY:
