@@ -128,8 +128,8 @@ def test_a_limit_that_is_no_whole_number_from_one_is_e011(value: Any) -> None:
     [(check_id, message, hint)] = messages({"URL": URL, "LIMIT": value})
     assert check_id == "tasklock.E011"
     assert message == (
-        f"TASKLOCK['LIMIT']: LIMIT must be a whole number >= 1 (bodies at once per key), "
-        f"got {value!r}"
+        "TASKLOCK['LIMIT']: LIMIT must be a whole number >= 1 (bodies at once per key) or None "
+        f"(no execution lock), got {value!r}"
     )
     assert hint
 
