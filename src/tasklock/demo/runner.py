@@ -569,9 +569,7 @@ class Demo:
                     f"{resent} {were} re-sent to arrive at their slot, holding no worker meanwhile"
                 )
             elif resent:
-                how = (
-                    f"{resent} {were} rescheduled (slot over 1 s away), the rest slept in a horse"
-                )
+                how = f"{resent} {were} rescheduled (slot over 1 s away), the rest slept in a horse"
             else:
                 how = "every slot was under 1 s away, so the work horse slept until it"
             self.say(f"{'':<11}{how}; at most {most} started in any one second")
