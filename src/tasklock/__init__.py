@@ -25,6 +25,7 @@ from tasklock.errors import (
     LockNotOwnedError,
     QuorumNotReached,
     RateLimited,
+    StaleFence,
     TaskLockError,
 )
 
@@ -47,6 +48,7 @@ __all__ = [
     "RateLimited",
     "Redlock",
     "Semaphore",
+    "StaleFence",
     "TaskLockError",
     "stats",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "LockNotOwnedError",
     "QuorumNotReached",
     "RateLimited",
+    "StaleFence",
     "TaskLockError",
 ]
 
@@ -152,3 +153,31 @@ class RateLimited(TaskLockError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.message, self.key, self.retry_after))
+
+
+class StaleFence(TaskLockError):
+    """A write fenced with a token older than one the resource has already seen: the writer's
+    hold was lost (it paused or ran past its TTL) and a later holder has written since.
+
+    ``resource`` names what was written, ``token`` is the refused token and ``newer`` the token
+    the resource holds (None when it could not be read). The caller's transaction must roll back
+    with everything it wrote; the fencing helpers raise this inside it so that it does. Pickles
+    with its fields, so it survives result backends.
+    """
+
+    def __init__(self, resource: str, token: int, newer: int | None = None) -> None:
+        super().__init__(resource, token, newer)
+        self.resource = resource
+        self.token = token
+        self.newer = newer
+
+    def __str__(self) -> str:
+        seen = f"token {self.newer} is newer" if self.newer is not None else "a newer token is"
+        return (
+            f"stale fence for {self.resource!r}: token {self.token} was refused, {seen} already "
+            "written there (this holder's lock was lost: it paused or ran past its TTL, and a "
+            "later holder has written since); roll back"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.resource, self.token, self.newer))
