@@ -23,7 +23,13 @@ defaults). Installing the app adds what a Django project expects on top:
 
 * system checks (``manage.py check``): every wrong setting is its own ``tasklock.E0xx`` error with
   a hint, and risky but legal settings are ``tasklock.W0xx`` warnings;
-* ``override_settings(TASKLOCK=...)`` in tests takes effect at once: tasks re-read the setting.
+* ``override_settings(TASKLOCK=...)`` in tests takes effect at once: tasks re-read the setting;
+* fencing where the data lives (:mod:`tasklock.django.fencing`): ``fence(resource, token)``
+  inside ``transaction.atomic()`` checks a task's fence token in the database, in the writer's
+  transaction, and raises :class:`tasklock.StaleFence` (rolling the block back) when a newer
+  token has written already; ``fenced_update(queryset, token, **values)`` does the same with a
+  fence column on the row itself. The app's model and migration create the fence table
+  (``manage.py migrate``); ``manage.py tasklock_prune_fences --older-than SECONDS`` prunes it.
 
 System checks do not run under ``celery worker`` or ``rq worker``, so the same validation runs
 when a task first reads the setting and raises ``ImproperlyConfigured`` there.

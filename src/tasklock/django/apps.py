@@ -1,4 +1,6 @@
-"""The Django app of tasklock: registers the system checks and the settings-change hook."""
+"""The Django app of tasklock: registers the system checks and the settings-change hook, and
+owns the fence table (the ``Fence`` model and its migration) behind
+:func:`tasklock.django.fencing.fence`."""
 
 from __future__ import annotations
 
@@ -7,7 +9,13 @@ from django.core import checks
 
 
 class TaskLockConfig(AppConfig):
-    """``INSTALLED_APPS += ["tasklock.django"]``. No models, no migrations."""
+    """``INSTALLED_APPS += ["tasklock.django"]``.
+
+    One model, :class:`tasklock.django.models.Fence` (table ``tasklock_fence``), and its
+    migration: ``manage.py migrate`` creates the table that ``fence()`` writes. A project that
+    fences only with ``fenced_update`` (a column on its own rows) or not at all may leave the table
+    empty; ``manage.py tasklock_prune_fences`` deletes old rows.
+    """
 
     name = "tasklock.django"
     label = "tasklock"

@@ -14,8 +14,9 @@ and takes the row's lock until commit, so concurrent writers of one resource are
   token <= excluded.token RETURNING token``: a row back means accepted, none means stale;
 * MySQL and MariaDB (no RETURNING for an upsert): ``INSERT ... ON DUPLICATE KEY UPDATE`` with
   ``IF(token <= VALUES(token), ...)`` (which locks the row even when it changes nothing), then
-  the stored token is read back in the same transaction (:func:`stored_sql`): equal to ours means
-  accepted.
+  the stored token is read back in the same transaction (:func:`stored_sql` with the dialect: a
+  locking read, ``FOR UPDATE``, so that it sees the latest committed token and not the snapshot of
+  a REPEATABLE READ transaction that read earlier): equal to ours means accepted.
 
 Statements are templates with ``{resource}``, ``{token}``, ``{now}`` slots, rendered for the
 driver's parameter style by :func:`render`.
@@ -116,9 +117,16 @@ def fence_sql(dialect: str, table: str) -> str:
     )
 
 
-def stored_sql(table: str) -> str:
-    """The token stored for a resource (after a refused or a MySQL upsert)."""
-    return f"SELECT token FROM {table} WHERE resource = {{resource}}"
+def stored_sql(table: str, dialect: str | None = None) -> str:
+    """The token stored for a resource (after a refused or a MySQL upsert).
+
+    For MySQL/MariaDB pass the dialect: the read then locks (``FOR UPDATE``; the upsert holds the
+    row already), which reads the latest committed token. A plain read in a REPEATABLE READ
+    transaction (MySQL's default) that read anything earlier sees its old snapshot, and would take
+    a refused token for an accepted one.
+    """
+    lock = " FOR UPDATE" if dialect in UPSERT_DIALECTS else ""
+    return f"SELECT token FROM {table} WHERE resource = {{resource}}{lock}"
 
 
 def prune_sql(table: str) -> str:
