@@ -1,5 +1,7 @@
-"""The demo's "payments": each settle run does fake work, writes through a fenced register and
-records itself, so the demo can show what ran and check that no two runs of one account overlapped.
+"""The demo's "payments": each settle run does fake work, writes its result with
+:func:`tasklock.fencing.redis.fenced_set` (refused, as StaleFence, when a newer hold has written
+that item) and records itself, so the demo can show what ran and check that no two runs of one
+account overlapped.
 
 Configured by the environment the demo gives its workers: ``TASKLOCK_URL`` (the Redis the demo
 uses) and ``TASKLOCK_KEY_PREFIX`` (one namespace per demo run, so a demo against a shared Redis
@@ -16,6 +18,8 @@ from typing import Any
 import redis
 
 from tasklock.core.connection import client_for_url
+from tasklock.errors import StaleFence
+from tasklock.fencing.redis import fenced_set
 
 __all__ = [
     "EXPORT_SECONDS",
@@ -42,17 +46,6 @@ NOTIFY_SECONDS = 0.01
 #: ... and its tasks' rate: ``rate="5/s"`` per tenant.
 NOTIFY_PER_SECOND = 5
 
-# KEYS[1] = register hash, ARGV[1] = item, ARGV[2] = fence token.
-# Accept the write only if its token is above every token this item has seen; 1 or 0.
-FENCED_WRITE = """
-local seen = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-if tonumber(ARGV[2]) > seen then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
 
 def namespace() -> str:
     return os.environ.get("TASKLOCK_KEY_PREFIX", "tasklock-demo")
@@ -72,10 +65,10 @@ def work(
     fenced_write: bool = True,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Work on ``item`` (an account, a report) for ``seconds``, then write the result through
-    the fenced register (unless ``fenced_write`` is False: runs of a ``limit`` > 1 overlap, so
-    their tokens do not order their writes), and record the run, with ``extra`` fields. Its
-    start is announced too."""
+    """Work on ``item`` (an account, a report) for ``seconds``, then write the result fenced by
+    ``fence_token`` (unless ``fenced_write`` is False: runs of a ``limit`` > 1 overlap, so their
+    tokens do not order their writes), and record the run, with ``extra`` fields; a refused write
+    is recorded as ``"accepted": False``. Its start is announced too."""
     started = time.time()
     redis_client = client()
     redis_client.rpush(
@@ -84,9 +77,14 @@ def work(
     time.sleep(seconds)  # the "payment provider" call
     accepted = True
     if fenced_write:
-        register = f"{namespace()}:settled:{runner}:{task}"
-        token = str(fence_token or 0)
-        accepted = bool(redis_client.eval(FENCED_WRITE, 1, register, str(item), token))
+        # One key per item; the check and the write are one script. The hash tag keeps its fence
+        # key under the namespace too ("<key>:fence", not "{<key>}:fence"): --url deletes by it.
+        key = f"{namespace()}:settled:{{{runner}:{task}:{item}}}"
+        result = json.dumps({"pid": os.getpid(), "fence": fence_token, "at": time.time()})
+        try:
+            fenced_set(redis_client, key, result, fence_token)
+        except StaleFence:
+            accepted = False  # a newer hold wrote this item: the run's late write changed nothing
     record = {
         "runner": runner,
         "task": task,
