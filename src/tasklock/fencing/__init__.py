@@ -11,7 +11,8 @@ check, one statement each:
   ``AsyncConnection``.
 * :mod:`tasklock.django.fencing`: the same for Django's ORM (a model and a migration for the
   table).
-* :mod:`tasklock.fencing.redis`: ``fenced_set(r, key, value, token)`` when Redis is the store.
+* :mod:`tasklock.fencing.redis`: ``fenced_set(r, key, value, token)`` (and ``fenced_delete``)
+  when Redis is the store.
 
 A refused write raises :class:`tasklock.StaleFence` (naming the resource, the token and the newer
 token seen); the caller's transaction then rolls back with everything it wrote. A token equal to
