@@ -298,6 +298,38 @@ def test_mariadb_repeatable_read_snapshot_does_not_hide_a_newer_token(mariadb_al
     assert raised.value.newer == 6
 
 
+def test_mariadb_repeatable_read_snapshot_does_not_hide_a_newer_fence_column(
+    mariadb_alias: str,
+) -> None:
+    """fenced_update's look for a newer fence is a locking read too: in a transaction that read
+    the row before a newer fence committed, the older token is StaleFence, not "no row"."""
+    from tasklock.django.fencing import fenced_update
+
+    alias = mariadb_alias
+    invoice = new_invoice(alias, status="new", fence=5)
+    rows = type(invoice).objects.using(alias).filter(pk=invoice.pk)
+
+    def newer() -> None:
+        try:
+            with transaction.atomic(using=alias):
+                assert fenced_update(rows, 6, status="newer") == 1
+        finally:
+            connections[alias].close()
+
+    def read_then_update() -> int:
+        with transaction.atomic(using=alias):
+            assert reload(alias, invoice).fence == 5  # the snapshot starts here
+            writer = threading.Thread(target=newer)
+            writer.start()
+            writer.join(20)
+            return fenced_update(rows, 5, status="stale")
+
+    with pytest.raises(StaleFence) as raised:
+        read_then_update()
+    assert raised.value.newer == 6
+    assert reload(alias, invoice).status == "newer"
+
+
 # -- bad arguments --------------------------------------------------------------------------------
 
 

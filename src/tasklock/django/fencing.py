@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from django.core.exceptions import FieldDoesNotExist
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 from django.utils.connection import ConnectionDoesNotExist
@@ -190,13 +190,13 @@ def fenced_update(
     if updated:
         return updated
     # update() marked `filtered` for writing: its .db is the database written (not a replica).
-    newest = (
-        queryset.using(filtered.db)
-        .filter(**{f"{name}__gt": token})
-        .order_by(f"-{name}")
-        .values_list("pk", name)
-        .first()
-    )
+    newer_rows = queryset.using(filtered.db).filter(**{f"{name}__gt": token})
+    if not transaction.get_autocommit(using=filtered.db):
+        # A locking read sees the latest committed fence: a plain one in a REPEATABLE READ
+        # transaction (MySQL's default) that read earlier would see its old snapshot, and
+        # report a refused token as "no matching row".
+        newer_rows = newer_rows.select_for_update()
+    newest = newer_rows.order_by(f"-{name}").values_list("pk", name).first()
     if newest is None:
         return 0  # nothing matched: not fenced, just absent
     pk, newer = newest

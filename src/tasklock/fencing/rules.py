@@ -117,10 +117,10 @@ def fence_sql(dialect: str, table: str) -> str:
     )
 
 
-def stored_sql(table: str, dialect: str | None = None) -> str:
+def stored_sql(table: str, dialect: str) -> str:
     """The token stored for a resource (after a refused or a MySQL upsert).
 
-    For MySQL/MariaDB pass the dialect: the read then locks (``FOR UPDATE``; the upsert holds the
+    For MySQL/MariaDB the read locks (``FOR UPDATE``; the upsert holds the
     row already), which reads the latest committed token. A plain read in a REPEATABLE READ
     transaction (MySQL's default) that read anything earlier sees its old snapshot, and would take
     a refused token for an accepted one.
