@@ -34,8 +34,9 @@ def test_stats_snapshot_works_after_a_plain_import_tasklock() -> None:
 
 def test_import_tasklock_imports_no_framework() -> None:
     code = (
-        "import sys, tasklock\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'rq', 'django')))"
+        "import sys, tasklock, tasklock.fencing\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('celery', 'rq', 'django', 'sqlalchemy')))"
     )
     assert fresh_python(code) == ["[]"]
 
