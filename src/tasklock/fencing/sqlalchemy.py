@@ -50,6 +50,7 @@ This module imports SQLAlchemy; ``import tasklock`` does not import this module.
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -188,15 +189,20 @@ def _fence_dialect(dialect: Dialect, quoted: str) -> str:
 def _statement(template: str, params: Mapping[str, Any], columns: Mapping[str, Any]) -> _Statement:
     """A rules template as a ``text()`` whose parameters have the table's column types (so a
     timestamp is stored as the column stores the others, e.g. SQLite's text form)."""
-    types = {
-        "resource": columns["resource"].type,
-        "token": columns["token"].type,
-        "now": columns["updated_at"].type,
-        "before": columns["updated_at"].type,
-    }
-    sql, values = rules.render(template, params, "named")
-    clause = sa.text(sql).bindparams(*(sa.bindparam(name, type_=types[name]) for name in values))
-    return clause, values
+    clause = _clause(
+        template, columns["resource"].type, columns["token"].type, columns["updated_at"].type
+    )
+    return clause, dict(params)
+
+
+@functools.lru_cache(maxsize=256)
+def _clause(template: str, resource_type: Any, token_type: Any, time_type: Any) -> Any:
+    """The ``text()`` of a template with typed parameters, built once per template and table
+    (building and parsing it again on every call cost as much as a round trip to SQLite)."""
+    types = {"resource": resource_type, "token": token_type, "now": time_type, "before": time_type}
+    sql, _ = rules.render(template, {}, "named")
+    names = [name for name in types if f"{{{name}}}" in template]
+    return sa.text(sql).bindparams(*(sa.bindparam(name, type_=types[name]) for name in names))
 
 
 def _now() -> datetime.datetime:
