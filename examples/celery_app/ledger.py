@@ -1,100 +1,85 @@
-"""The payments database (SQLite), with a fence on the one write that moves money.
+"""The payments database (SQLite, through SQLAlchemy), with a fence on the one write that moves
+money.
 
-:func:`transfer` checks the fencing token and writes in one transaction: the account remembers the
-highest token that ever wrote for it, and a write carrying a token that is not higher comes from a
-worker whose lock expired while it was stalled (GC pause, frozen VM, lost network) and a newer
-holder went ahead. That write is rejected and nothing changes.
+:func:`transfer` runs ``tasklock.fencing.sqlalchemy.fence()`` first in its transaction: the fence
+table keeps the newest token that wrote for each account, and a token older than that comes from a
+worker whose lock expired while it was stalled (GC pause, frozen VM, lost network) after which a
+newer holder went ahead. That write raises :class:`tasklock.StaleFence` and the transaction rolls
+back: nothing changes.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+import functools
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS payments (
-    id INTEGER PRIMARY KEY,
-    account_id INTEGER NOT NULL,
-    cents INTEGER NOT NULL,
-    transfer_id INTEGER            -- NULL while pending
-);
-CREATE TABLE IF NOT EXISTS transfers (
-    id INTEGER PRIMARY KEY,
-    account_id INTEGER NOT NULL,
-    cents INTEGER NOT NULL,
-    fence INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS fences (  -- highest fencing token that wrote, per account
-    account_id INTEGER PRIMARY KEY,
-    fence INTEGER NOT NULL
-);
-"""
+import sqlalchemy as sa
 
+from tasklock.fencing.sqlalchemy import fence, fence_table
 
-class StaleFence(Exception):
-    """A write carried a fencing token that a newer lock holder has already superseded."""
+metadata = sa.MetaData()
+PAYMENTS = sa.Table(
+    "payments",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("account_id", sa.Integer, nullable=False),
+    sa.Column("cents", sa.Integer, nullable=False),
+    sa.Column("transfer_id", sa.Integer),  # NULL while pending
+)
+TRANSFERS = sa.Table(
+    "transfers",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("account_id", sa.Integer, nullable=False),
+    sa.Column("cents", sa.Integer, nullable=False),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+)
+FENCES = fence_table(metadata)  # "tasklock_fence": the newest token per resource
 
 
-@contextmanager
-def transaction(path: str) -> Iterator[sqlite3.Connection]:
-    """One write transaction; BEGIN IMMEDIATE makes the fence check and the write atomic."""
-    with closing(sqlite3.connect(path, timeout=30, isolation_level=None)) as db:
-        db.executescript(SCHEMA)
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+@functools.cache
+def engine(path: str) -> sa.Engine:
+    """The SQLite file at ``path``, its tables created (SQLite 3.35+ for ``fence()``)."""
+    db = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 30})
+    metadata.create_all(db)
+    return db
 
 
 def add_payment(path: str, account_id: int, cents: int) -> None:
-    with transaction(path) as db:
-        db.execute("INSERT INTO payments (account_id, cents) VALUES (?, ?)", (account_id, cents))
+    with engine(path).begin() as conn:
+        conn.execute(sa.insert(PAYMENTS).values(account_id=account_id, cents=cents))
 
 
 def pending(path: str, account_id: int) -> list[tuple[int, int]]:
     """``(payment id, cents)`` of the account's payments not transferred yet."""
-    with transaction(path) as db:
-        rows = db.execute(
-            "SELECT id, cents FROM payments WHERE account_id = ? AND transfer_id IS NULL",
-            (account_id,),
-        )
-        return [(row[0], row[1]) for row in rows]
+    query = sa.select(PAYMENTS.c.id, PAYMENTS.c.cents).where(
+        PAYMENTS.c.account_id == account_id, PAYMENTS.c.transfer_id.is_(None)
+    )
+    with engine(path).connect() as conn:
+        return [(row.id, row.cents) for row in conn.execute(query)]
 
 
-def transfer(path: str, account_id: int, payment_ids: list[int], fence: int) -> int:
-    """Pay out ``payment_ids`` in one transfer; its id. StaleFence if ``fence`` is outdated."""
-    with transaction(path) as db:
-        row = db.execute("SELECT fence FROM fences WHERE account_id = ?", (account_id,)).fetchone()
-        if row is not None and fence <= row[0]:
-            raise StaleFence(
-                f"account {account_id}: token {fence} <= {row[0]}, which already wrote"
-            )
-        db.execute(
-            "INSERT INTO fences VALUES (?, ?) "
-            "ON CONFLICT (account_id) DO UPDATE SET fence = excluded.fence",
-            (account_id, fence),
+def transfer(path: str, account_id: int, payment_ids: list[int], fence_token: int) -> int:
+    """Pay out those of ``payment_ids`` still pending, in one transfer; the cents paid (0 if none
+    was left). :class:`tasklock.StaleFence` if a newer token has written for the account."""
+    with engine(path).begin() as conn:
+        fence(conn, FENCES, f"account:{account_id}", fence_token)  # first, before any read
+        # Read again under the fence: a holder that wrote before us may have paid some already.
+        still_pending = PAYMENTS.c.id.in_(payment_ids) & PAYMENTS.c.transfer_id.is_(None)
+        cents = conn.scalar(sa.select(sa.func.sum(PAYMENTS.c.cents)).where(still_pending))
+        if not cents:
+            return 0
+        transfer_id = conn.scalar(
+            sa.insert(TRANSFERS)
+            .values(account_id=account_id, cents=cents, fence=fence_token)
+            .returning(TRANSFERS.c.id)
         )
-        marks = ",".join("?" * len(payment_ids))
-        (cents,) = db.execute(
-            f"SELECT COALESCE(SUM(cents), 0) FROM payments WHERE id IN ({marks})", payment_ids
-        ).fetchone()
-        cursor = db.execute(
-            "INSERT INTO transfers (account_id, cents, fence) VALUES (?, ?, ?)",
-            (account_id, cents, fence),
-        )
-        db.execute(
-            f"UPDATE payments SET transfer_id = ? WHERE id IN ({marks})",
-            [cursor.lastrowid, *payment_ids],
-        )
-        return int(cursor.lastrowid or 0)
+        conn.execute(sa.update(PAYMENTS).where(still_pending).values(transfer_id=transfer_id))
+        return int(cents)
 
 
 def transfers(path: str) -> list[tuple[int, int, int]]:
     """``(account id, cents, fence)`` of every transfer, in order."""
-    with transaction(path) as db:
-        rows = db.execute("SELECT account_id, cents, fence FROM transfers ORDER BY id")
-        return [(row[0], row[1], row[2]) for row in rows]
+    query = sa.select(TRANSFERS.c.account_id, TRANSFERS.c.cents, TRANSFERS.c.fence)
+    with engine(path).connect() as conn:
+        rows = conn.execute(query.order_by(TRANSFERS.c.id))
+        return [(row.account_id, row.cents, row.fence) for row in rows]

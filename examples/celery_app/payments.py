@@ -23,7 +23,8 @@ app = Celery("payments", broker=REDIS_URL, backend=REDIS_URL)
 
 # key=["account_id"]: one settle per account at a time, whoever asked (requested_by is not part
 # of the key). Duplicates are skipped (on_duplicate="skip", the default).
-# fencing=True: the body gets fence_token, which the ledger checks before it moves money.
+# fencing=True: the body gets fence_token, which the ledger's fence checks before it moves money
+# (tasklock.StaleFence, and nothing moves, if a newer holder has written for the account).
 @singleton_task(app=app, key=["account_id"], fencing=True)
 def settle(
     account_id: int, requested_by: str = "", fence_token: int | None = None
@@ -34,5 +35,5 @@ def settle(
     time.sleep(1)  # ... risk checks, FX rates: the slow part between the read and the write ...
     ids = [payment_id for payment_id, _ in payments]
     assert fence_token is not None  # always passed by tasklock with fencing=True
-    ledger.transfer(DB, account_id, ids, fence_token)  # ... and the fenced write
-    return {"account_id": account_id, "cents": sum(c for _, c in payments), "fence": fence_token}
+    cents = ledger.transfer(DB, account_id, ids, fence_token)  # ... and the fenced write
+    return {"account_id": account_id, "cents": cents, "fence": fence_token}

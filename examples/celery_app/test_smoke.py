@@ -10,6 +10,7 @@ import pytest
 from celery import Celery
 from tests.support.servers import RedisServer
 
+import tasklock
 from examples.celery_app import ledger
 from examples.conftest import PYTHON, Processes
 
@@ -41,12 +42,14 @@ def test_each_account_is_paid_out_once(
     assert skipped, sent.stdout
     assert int(skipped.group(1)) > 0
 
-    # A worker that stalled past its lock's TTL comes back with an older token: rejected.
+    # A worker that stalled past its lock's TTL comes back with an older token: rejected. (A token
+    # equal to the account's newest is the same hold writing again, and would be accepted.)
     ledger.add_payment(db, 1, 500)
     [(payment_id, _)] = ledger.pending(db, 1)
-    oldest_fence = min(fence for _, _, fence in transfers)
     newest_for_account_1 = next(fence for account, _, fence in transfers if account == 1)
-    with pytest.raises(ledger.StaleFence):
-        ledger.transfer(db, 1, [payment_id], min(oldest_fence, newest_for_account_1))
+    stale = newest_for_account_1 - 1
+    with pytest.raises(tasklock.StaleFence) as refused:
+        ledger.transfer(db, 1, [payment_id], stale)
+    assert (refused.value.token, refused.value.newer) == (stale, newest_for_account_1)
     assert ledger.pending(db, 1) == [(payment_id, 500)], "a rejected write must change nothing"
     assert len(ledger.transfers(db)) == 3

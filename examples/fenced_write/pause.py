@@ -5,8 +5,9 @@ Run it with ``python pause.py`` (``REDIS_URL`` names the Redis, default redis://
 1. Process A takes the lock and gets fence token N. Its watchdog renews the lock's 2 s TTL.
 2. A freezes (SIGSTOP, as in a long GC pause or a VM migration). Its watchdog freezes with it, so
    the lock expires, and process B, which was waiting, takes it with token N+1 and writes.
-3. A wakes up (SIGCONT) still believing it holds the lock, and writes with token N. The store has
-   seen N+1 and rejects it. Without the token, A would have overwritten B's newer write.
+3. A wakes up (SIGCONT) still believing it holds the lock, and writes with token N. The store
+   (``store.py``: ``tasklock.fencing.sqlalchemy.fence()`` on SQLite) has seen N+1 and raises
+   ``tasklock.StaleFence``. Without the token, A would have overwritten B's newer write.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ def holder(name: str) -> None:
     lock.acquire()
     print(f"acquired {lock.fence}", flush=True)
     sys.stdin.readline()  # working... until the orchestrator says "write now"
-    accepted, highest = store.write(DB, LOCK, f"paid by {name}", lock.fence)
-    print(f"{'accepted' if accepted else 'rejected'} {highest}", flush=True)
+    try:
+        store.write(DB, LOCK, f"paid by {name}", lock.fence)
+        print(f"accepted {lock.fence}", flush=True)
+    except tasklock.StaleFence as stale:  # a newer token has written: nothing was changed
+        print(f"rejected {stale.newer}", flush=True)
     try:
         lock.release()
         print("released", flush=True)
