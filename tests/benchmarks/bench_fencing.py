@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import datetime
 import itertools
-import json
 import os
 import sqlite3
 import statistics
@@ -53,7 +52,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.benchmarks.interleave import measure, paired_ratio, print_ratios  # noqa: E402
+from tests.benchmarks.interleave import (  # noqa: E402
+    measure,
+    paired_ratio,
+    print_ratios,
+    report_targets,
+)
 
 MISSING: dict[str, str] = {}
 try:
@@ -407,18 +411,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report_database(kind, out, args.calls, args.rounds, checks)
         print(f"    ({kind}: {time.perf_counter() - began:.0f} s)")
         results[kind] = {key: value for key, value in out.items() if key != "samples"}
-    print("\ntargets")
-    for label, ok in checks.items():
-        print(f"    {'met ' if ok else 'MISS'}  {label}")
-    load = os.getloadavg()
-    print(
-        f"\n({time.perf_counter() - started:.0f} s; load average at the end: {load[0]:.2f} "
-        f"{load[1]:.2f} {load[2]:.2f})"
-    )
-    results["targets"] = checks
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return results
+    return report_targets(checks, results, started, args.json)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import multiprocessing
 import os
@@ -70,7 +69,12 @@ import redis  # noqa: E402
 import tasklock  # noqa: E402
 from tasklock.core.rates import Admission  # noqa: E402
 from tasklock.core.scripting import Script  # noqa: E402
-from tests.benchmarks.interleave import measure, paired_ratio, print_ratios  # noqa: E402
+from tests.benchmarks.interleave import (  # noqa: E402
+    measure,
+    paired_ratio,
+    print_ratios,
+    report_targets,
+)
 from tests.support.servers import HOST, start_servers  # noqa: E402
 
 FLOOR = "floor: EVALSHA no-op (redis-py)"
@@ -575,18 +579,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["accuracy"] = rows
     for note in dict.fromkeys(notes):
         print(f"NOTE {note}")
-    print("\ntargets")
-    for label, ok in checks.items():
-        print(f"    {'met ' if ok else 'MISS'}  {label}")
-    load = os.getloadavg()
-    print(
-        f"\n({time.perf_counter() - started:.0f} s; load average at the end: {load[0]:.2f} "
-        f"{load[1]:.2f} {load[2]:.2f})"
-    )
-    results["targets"] = checks
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return results
+    return report_targets(checks, results, started, args.json)
 
 
 if __name__ == "__main__":

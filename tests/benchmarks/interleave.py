@@ -8,13 +8,23 @@ microseconds per call in this process (less sensitive to the machine's schedulin
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["floor_cycle", "lock_cycle", "measure", "paired_ratio", "print_ratios"]
+__all__ = [
+    "floor_cycle",
+    "lock_cycle",
+    "measure",
+    "paired_ratio",
+    "print_ratios",
+    "report_targets",
+]
 
 
 def floor_cycle(client: Any, key: str = "bench:floor", ttl_ms: int = 30_000) -> Callable[[], None]:
@@ -101,3 +111,26 @@ def print_ratios(
             f" {us['best']:8.1f} {us['best'] / ref['best']:7.2f}"
             f" {us['cpu']:7.1f} {us['cpu'] / ref['cpu']:7.2f}"
         )
+
+
+def report_targets(
+    checks: Mapping[str, bool],
+    results: dict[str, Any],
+    started: float,
+    json_path: str | None,
+) -> dict[str, Any]:
+    """The end of a benchmark run: each target met or missed, how long it took and the load
+    average then (figures on a shared machine mean little without it), and the results as JSON
+    where asked."""
+    print("\ntargets")
+    for label, ok in checks.items():
+        print(f"    {'met ' if ok else 'MISS'}  {label}")
+    load = os.getloadavg()
+    print(
+        f"\n({time.perf_counter() - started:.0f} s; load average at the end: {load[0]:.2f} "
+        f"{load[1]:.2f} {load[2]:.2f})"
+    )
+    results["targets"] = dict(checks)
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=2))
+    return results

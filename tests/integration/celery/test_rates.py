@@ -26,6 +26,7 @@ from tests.integration.celery import rates_app
 from tests.integration.celery.support import WorkerProcess
 from tests.support.polling import eventually, holds_for
 from tests.support.servers import RedisServer
+from tests.support.starts import most_in_a_second, starts
 
 pytestmark = pytest.mark.slow
 
@@ -79,21 +80,6 @@ def rc(redis_server: RedisServer) -> Iterator[redis.Redis]:
 @pytest.fixture
 def batch() -> str:
     return uuid.uuid4().hex[:10]
-
-
-def starts(rc: redis.Redis, task: str, batch: str) -> list[tuple[str, float, int]]:
-    """(label, server time, pid) of every start of ``task`` in ``batch``, in the order recorded."""
-    out = []
-    for raw in rc.lrange(f"starts:{task}:{batch}", 0, -1):
-        label, at, pid = raw.decode().split("|")
-        out.append((label, float(at), int(pid)))
-    return out
-
-
-def most_in_a_second(times: list[float]) -> int:
-    """The most starts in any rolling second ``[t, t + 1)``."""
-    times = sorted(times)
-    return max(sum(1 for u in times if t <= u < t + 1.0) for t in times)
 
 
 def deferrals(worker: WorkerProcess, task_id: str) -> int:

@@ -35,6 +35,7 @@ from tests.integration.rq.support import (
 )
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
+from tests.support.starts import most_in_a_second, starts
 
 pytestmark = pytest.mark.slow
 
@@ -73,21 +74,6 @@ def queue(rc: redis.Redis, workers: list[WorkerProcess]) -> Queue:
 @pytest.fixture
 def batch() -> str:
     return uuid.uuid4().hex[:10]
-
-
-def starts(rc: redis.Redis, job_name: str, batch: str) -> list[tuple[str, float, int]]:
-    """(label, server time, pid) of every start of ``job_name`` in ``batch``, in recorded order."""
-    out = []
-    for raw in rc.lrange(f"starts:{job_name}:{batch}", 0, -1):
-        label, at, pid = raw.decode().split("|")
-        out.append((label, float(at), int(pid)))
-    return out
-
-
-def most_in_a_second(times: list[float]) -> int:
-    """The most starts in any rolling second ``[t, t + 1)``."""
-    times = sorted(times)
-    return max(sum(1 for u in times if t <= u < t + 1.0) for t in times)
 
 
 def finished(*jobs: Job, timeout: float = 30) -> None:
