@@ -266,9 +266,12 @@ class Guard(PendingMarkers):
         args = tuple(args)
         options = self.options
         until_start = task_id is not None and options.dedupe_enqueue == "until_start"
-        gate = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near)
         if options.limit is None:
+            gate = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near)
             return self._run_unlocked(args, kwargs, body, gate, until_start)
+        # Only a task with a rate pays for one (the hot path of every other task is unchanged).
+        rated = options.rate is not None
+        gate = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near) if rated else None
         key = self.lock_key(args, kwargs)
         lock: BaseLock | None = None
         try:
@@ -339,9 +342,10 @@ class Guard(PendingMarkers):
             return self._duplicate(duplicate, on_skip, on_retry, duplicate_error)
         try:
             stats.increment("acquired", self.name)
-            throttle = gate.throttle()
-            if throttle is not None:
-                return gate.defer(throttle)
+            if gate is not None:
+                throttle = gate.throttle()
+                if throttle is not None:
+                    return gate.defer(throttle)
             if until_start:
                 self._clear_at_start(args, kwargs, cast(str, task_id))
             return body(self._fence_kwargs(lock.fence))
