@@ -267,8 +267,8 @@ class Guard(PendingMarkers):
         options = self.options
         until_start = task_id is not None and options.dedupe_enqueue == "until_start"
         if options.limit is None:
-            gate = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near)
-            return self._run_unlocked(args, kwargs, body, gate, until_start)
+            unlocked = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near)
+            return self._run_unlocked(args, kwargs, body, unlocked, until_start)
         # Only a task with a rate pays for one (the hot path of every other task is unchanged).
         rated = options.rate is not None
         gate = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near) if rated else None
