@@ -56,7 +56,7 @@ log = logging.getLogger("tasklock.watchdog")
 RenewCall = tuple[Any, Script, Sequence[Any], Sequence[Any]]  # (client, script, keys, args)
 
 GONE = "the lock key was gone or held by another owner"
-UNREACHABLE = "Redis was unreachable until the TTL ran out"
+UNREACHABLE = "the lock's server (Redis, etcd) was unreachable until the TTL ran out"
 
 #: A renewal more overdue than this share of its TTL is reported. It is due at a third of the TTL,
 #: so this late it runs with under half of the TTL left; two thirds late, the lock has expired.
