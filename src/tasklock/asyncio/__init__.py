@@ -12,6 +12,9 @@ The rules are the sync locks' (one copy, in :mod:`tasklock.core.lease` and
 per-loop watchdog and wake-up listener) is described in :mod:`tasklock.asyncio._base`.
 """
 
+import importlib
+from typing import Any
+
 from tasklock.asyncio._base import AsyncLostFlag
 from tasklock.asyncio.lock import Lock
 from tasklock.asyncio.ratelimit import RateLimit
@@ -19,3 +22,10 @@ from tasklock.asyncio.redlock import Redlock
 from tasklock.asyncio.semaphore import Semaphore
 
 __all__ = ["AsyncLostFlag", "Lock", "RateLimit", "Redlock", "Semaphore"]
+
+
+def __getattr__(name: str) -> Any:
+    # tasklock.asyncio.etcd imports httpx (an optional dependency): loaded on first use only.
+    if name == "etcd":
+        return importlib.import_module("tasklock.asyncio.etcd")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,10 +21,11 @@ Why etcd's JSON gateway over httpx, not a gRPC client library. etcd (3.4 and lat
 v3 API as JSON over HTTP on the client port (``/v3/kv/txn``, ``/v3/lease/keepalive``,
 ``/v3/watch`` as a stream, ...). Talking to that through httpx lets one sans-I/O layer
 (:mod:`tasklock.etcd.protocol`: endpoints, request bodies, replies, errors) serve the blocking
-client (``httpx.Client``, :mod:`tasklock.etcd.client`) and, later, an asyncio one
-(``httpx.AsyncClient``) with no second copy of the protocol. The alternatives each fail one of
-those needs: python-etcd3 has had no release since 2020 and breaks on current protobuf; etcd3gw
-is sync-only (requests); aetcd is asyncio-only. Keys and values are base64 in the gateway's JSON.
+client (``httpx.Client``, :mod:`tasklock.etcd.client`) and the asyncio one
+(``httpx.AsyncClient``, :mod:`tasklock.etcd.aclient`, used by :mod:`tasklock.asyncio.etcd`)
+with no second copy of the protocol. The alternatives each fail one of those needs:
+python-etcd3 has had no release since 2020 and breaks on current protobuf; etcd3gw is sync-only
+(requests); aetcd is asyncio-only. Keys and values are base64 in the gateway's JSON.
 
 httpx is optional (``pip install 'tasklock[etcd]'``): ``import tasklock`` does not import it,
 only ``import tasklock.etcd`` does.

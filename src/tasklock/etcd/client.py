@@ -24,10 +24,18 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("tasklock.etcd needs httpx: pip install 'tasklock[etcd]'") from exc
 
-__all__ = ["Client", "as_client"]
+__all__ = ["Client", "as_client", "unreachable"]
 
 #: Seconds to connect, and to wait for a unary answer (a Raft write normally takes milliseconds).
 DEFAULT_TIMEOUT = 5.0
+
+
+def unreachable(what: str, failures: list[str]) -> BackendUnavailable:
+    """The error when no endpoint could be connected to (shared with the asyncio client)."""
+    return BackendUnavailable(
+        f"etcd unreachable while {what}: {'; '.join(failures)}. Check that etcd runs and "
+        "listens on these client URLs"
+    )
 
 
 class Client:
@@ -61,10 +69,7 @@ class Client:
         return self.endpoints[start:] + self.endpoints[:start]
 
     def _unreachable(self, what: str, failures: list[str]) -> BackendUnavailable:
-        return BackendUnavailable(
-            f"etcd unreachable while {what}: {'; '.join(failures)}. Check that etcd runs and "
-            "listens on these client URLs"
-        )
+        return unreachable(what, failures)
 
     def raw(self, path: str, body: dict[str, Any], what: str) -> tuple[int, bytes, str]:
         """POST ``body`` to ``path``: (status, body, endpoint) from the first endpoint that can
