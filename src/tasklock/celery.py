@@ -441,7 +441,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                 if guard.options.on_backend_error != "run":
                     raise
                 log.warning(
-                    "%s: sent without enqueue deduplication, Redis is unreachable "
+                    "%s: sent without enqueue deduplication, the lock store is unreachable "
                     "(on_backend_error='run'): %s",
                     self.name,
                     exc,

@@ -20,6 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasklock.backends import (
+    ETCD_URLS_PROBLEM,
+    etcd_option_problems,
+    etcd_url_problem,
+    is_etcd_url,
+)
 from tasklock.core.base import MAX_TTL
 from tasklock.core.rates import RatePlan
 from tasklock.core.urls import validate_url
@@ -143,6 +149,8 @@ def until_start_problem(
 
 def _url_problem(option: str, value: Any, *, single_server: bool = False) -> str | None:
     """What is wrong with a URL option, in the words decoration-time validation uses."""
+    if is_etcd_url(value):
+        return ETCD_URLS_PROBLEM if single_server else etcd_url_problem(option, value)
     try:
         validate_url(value, option, single_server=single_server)
     except ConfigurationError as exc:
@@ -291,6 +299,10 @@ def check_options(
             "E014",
         )
     problems.extend(_rate_problems(options, source))
+    problems.extend(
+        Problem(option, f"{source}: {message}", hint, code)
+        for option, message, hint, code in etcd_option_problems(options)
+    )
     if get("watchdog") is False:
         bad(
             "watchdog",
@@ -516,6 +528,8 @@ def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None
             "fencing with limit=None: fence tokens come with the execution lock, which limit=None "
             f"turns off [{named('limit', 'fencing')}] (keep limit=1 for a fenced task)"
         )
+    for option, message, hint, _ in etcd_option_problems(merged):
+        raise ConfigurationError(f"{message} [{named(option, 'url')}] ({hint})")
     if merged.get("rate") is not None:
         if merged.get("urls") is not None:
             raise ConfigurationError(

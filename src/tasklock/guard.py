@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
 from tasklock import stats
+from tasklock.backends import etcd_lock, is_etcd_url
 from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
 from tasklock.core.base import BaseLock
 from tasklock.core.clock import clock
@@ -89,8 +90,9 @@ def _held_by(lock: BaseLock, holder: Holder, task_id: str) -> bool:
     looked at, or with a Semaphore any of its permits."""
     if holder.meta.get("task") == task_id:
         return True
-    if isinstance(lock, Semaphore):
-        return any(h.meta.get("task") == task_id for h, _ in lock.holders())
+    holders = getattr(lock, "holders", None)  # a Semaphore, on Redis or etcd
+    if holders is not None:
+        return any(h.meta.get("task") == task_id for h, _ in holders())
     return False
 
 
@@ -192,7 +194,8 @@ class Guard(PendingMarkers):
     def lock_for(self, key: str, task_id: str | None = None) -> BaseLock:
         """The execution lock object for ``key``: a :class:`~tasklock.Lock` (a Redlock when
         ``urls`` is configured), or with ``limit`` > 1 a :class:`~tasklock.Semaphore` of that
-        many permits at the same key (never with ``urls``: validation refuses that).
+        many permits at the same key (never with ``urls``: validation refuses that). With an
+        ``etcd://`` url, their etcd counterparts (:func:`tasklock.backends.etcd_lock`).
 
         A Lock and a Semaphore on one key exclude each other, so a deployment that moves a
         task's ``limit`` between 1 and N never runs more bodies than either allows while old and
@@ -208,6 +211,8 @@ class Guard(PendingMarkers):
             "on_lost": self._on_lost,
             "owner_info": owner,
         }
+        if options.url is not None and is_etcd_url(options.url):
+            return etcd_lock(options.url, key, options.limit, **common)
         if options.limit is not None and options.limit > 1:
             return Semaphore(self._client(), key, options.limit, **common)
         if options.urls:
@@ -310,7 +315,7 @@ class Guard(PendingMarkers):
                 raise
             stats.increment("ran_unlocked", self.name)
             log.warning(
-                "%s: running WITHOUT the lock because Redis is unreachable "
+                "%s: running WITHOUT the lock because the lock store is unreachable "
                 "(on_backend_error='run'): %s",
                 self.name,
                 exc,

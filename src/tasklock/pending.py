@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tasklock import stats
+from tasklock.backends import MarkerStore, RedisMarkers, marker_store
 from tasklock.config import TaskOptions
-from tasklock.core.connection import backend_errors, client_for_url
-from tasklock.core.scripts import CLAIM, DELETE_IF
+from tasklock.core.connection import client_for_url
 from tasklock.errors import BackendUnavailable, LockError
 
 __all__ = ["PendingMarkers"]
@@ -42,10 +42,12 @@ class PendingMarkers:
     def pending_key(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> str:
         raise NotImplementedError
 
-    def _marker_client(self) -> Any:
+    def _markers(self) -> MarkerStore:
         # The marker is about pending work, not safety: one node suffices (the first with Redlock).
         options = self.options
-        return client_for_url(options.urls[0]) if options.urls else self._client()
+        if options.urls:
+            return RedisMarkers(client_for_url(options.urls[0]))
+        return marker_store(options.url, self._client)
 
     def claim_pending(
         self,
@@ -72,14 +74,12 @@ class PendingMarkers:
         then decides; nothing is enqueued silently twice or dropped).
         """
         key = self.pending_key(args, kwargs)
-        client = self._marker_client()
+        markers = self._markers()
         ttl_ms = self._pending_ttl_ms(delay)
         for _ in range(_CLAIM_ATTEMPTS):
-            with backend_errors(client, f"marking {self.name} as pending"):
-                existing = CLAIM(client, (key,), (task_id, ttl_ms))
-            if existing is None:
+            existing_id = markers.claim(key, task_id, ttl_ms, f"marking {self.name} as pending")
+            if existing_id is None:
                 return None
-            existing_id = existing.decode() if isinstance(existing, bytes) else str(existing)
             if is_pending is not None and not is_pending(existing_id):
                 log.info(
                     "%s: pending marker named task %s, which is no longer queued or running; "
@@ -88,8 +88,9 @@ class PendingMarkers:
                     existing_id,
                     key,
                 )
-                with backend_errors(client, f"clearing a stale pending marker of {self.name}"):
-                    DELETE_IF(client, (key,), (existing_id,))
+                markers.delete_if(
+                    key, existing_id, f"clearing a stale pending marker of {self.name}"
+                )
                 continue
             stats.increment("deduplicated", self.name)
             log.info(
@@ -122,23 +123,21 @@ class PendingMarkers:
         """
         try:
             key = self.pending_key(args, kwargs)
-            client = self._marker_client()
-            ttl_ms = self._pending_ttl_ms(delay)
-            with backend_errors(client, f"renewing the pending marker of {self.name}"):
-                existing = CLAIM(client, (key,), (task_id, ttl_ms))
-                if existing is not None:
-                    log.info(
-                        "%s: task %s waits to start, but the pending marker names task %r now "
-                        "(key=%s)",
-                        self.name,
-                        task_id,
-                        existing,
-                        key,
-                    )
-                    return False
-                # Ours (claimed again, or still ours): give it a full TTL from now. Only our own
-                # run deletes or replaces a marker that names a pending task, so it is still ours.
-                client.pexpire(key, ttl_ms)
+            existing = self._markers().renew(
+                key,
+                task_id,
+                self._pending_ttl_ms(delay),
+                f"renewing the pending marker of {self.name}",
+            )
+            if existing is not None:
+                log.info(
+                    "%s: task %s waits to start, but the pending marker names task %r now (key=%s)",
+                    self.name,
+                    task_id,
+                    existing,
+                    key,
+                )
+                return False
             return True
         except Exception as exc:
             log.warning("%s: could not renew pending marker: %s", self.name, exc)
@@ -159,9 +158,9 @@ class PendingMarkers:
             return
         try:
             key = self.pending_key(args, kwargs)
-            client = self._marker_client()
-            with backend_errors(client, f"marking {self.name} as pending again"):
-                CLAIM(client, (key,), (task_id, self._pending_ttl_ms(delay)))
+            self._markers().claim(
+                key, task_id, self._pending_ttl_ms(delay), f"marking {self.name} as pending again"
+            )
         except Exception as exc:
             log.warning("%s: could not mark the retry as pending: %s", self.name, exc)
 
@@ -172,9 +171,7 @@ class PendingMarkers:
         (``on_backend_error="run"`` runs it all the same, and logs)."""
         key = self.pending_key(args, kwargs)
         try:
-            client = self._marker_client()
-            with backend_errors(client, f"clearing the pending marker of {self.name}"):
-                DELETE_IF(client, (key,), (task_id,))
+            self._markers().delete_if(key, task_id, f"clearing the pending marker of {self.name}")
         except BackendUnavailable as exc:
             if self.options.on_backend_error != "run":
                 stats.increment("backend_error", self.name)
@@ -199,8 +196,6 @@ class PendingMarkers:
             return
         try:
             key = self.pending_key(args, kwargs)
-            client = self._marker_client()
-            with backend_errors(client, f"clearing the pending marker of {self.name}"):
-                DELETE_IF(client, (key,), (task_id,))
+            self._markers().delete_if(key, task_id, f"clearing the pending marker of {self.name}")
         except Exception as exc:
             log.warning("%s: could not clear pending marker (expires by TTL): %s", self.name, exc)

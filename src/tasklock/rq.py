@@ -505,7 +505,7 @@ class SingletonJob:
                 if guard.options.on_backend_error != "run":
                     raise
                 log.warning(
-                    "%s: enqueued WITHOUT deduplication because Redis is unreachable "
+                    "%s: enqueued WITHOUT deduplication because the lock store is unreachable "
                     "(on_backend_error='run'): %s",
                     self.name,
                     exc,

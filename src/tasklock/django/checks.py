@@ -21,7 +21,7 @@ from tasklock.django.settings import inspect_setting
 
 __all__ = ["CHECK_IDS", "check_tasklock_setting", "to_message"]
 
-#: id -> what it means. E001-E008, E010-E015 and W001-W003 come from
+#: id -> what it means. E001-E008, E010-E017 and W001-W003 come from
 #: ``tasklock.config.check_options`` (the same codes name the same mistakes in task options);
 #: E009 is Django's own. A TTL the lock core would refuse (under 0.001 s) is E002, an error: as a
 #: warning it let every task fail at run time; W001 is left for a TTL that works but is shorter
@@ -35,8 +35,9 @@ CHECK_IDS: dict[str, str] = {
     "tasklock.E004": "DEDUPE_ENQUEUE is not True, False or 'until_start', WATCHDOG is not a bool, "
     "or KEY_PREFIX or RATE_GROUP is not a non-empty string",
     "tasklock.E005": "KEY or RATE_KEY is not None, a list of argument names or a callable",
-    "tasklock.E006": "URL or URLS is malformed (not redis://, rediss:// or unix://; URLS empty, "
-    "repeated, or exactly two masters)",
+    "tasklock.E006": "URL or URLS is malformed (URL not redis://, rediss://, unix://, "
+    "redis+cluster://, redis+sentinel:// or etcd://; URLS not Redis masters, empty, repeated, "
+    "or exactly two)",
     "tasklock.E007": "URL and URLS are both set",
     "tasklock.E008": "KEY, FENCING or RATE_KEY set project-wide (they belong on the task "
     "decorator)",
@@ -49,6 +50,8 @@ CHECK_IDS: dict[str, str] = {
     "is not a whole number >= 1 (or a list that matches RATE)",
     "tasklock.E014": "FENCING with LIMIT=None: fence tokens come with the execution lock",
     "tasklock.E015": "RATE with URLS (Redlock): a rate counted by quorum is no limit",
+    "tasklock.E016": "RATE with an etcd URL: rate limits are a Redis script",
+    "tasklock.E017": "TTL under 1 second with an etcd URL: etcd leases are whole seconds",
     "tasklock.W001": "TTL from 0.001 up to 1 second: legal, but easily lost to a pause "
     "(under 0.001 s is E002)",
     "tasklock.W002": "ON_BACKEND_ERROR='run': tasks run unlocked while Redis is unreachable",
