@@ -18,11 +18,12 @@ What etcd does not serve, refused with a clear error when the options are resolv
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tasklock.core.connection import backend_errors
 from tasklock.core.scripts import CLAIM, DELETE_IF
+from tasklock.core.urls import validate_url
 from tasklock.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -36,12 +37,15 @@ __all__ = [
     "MarkerStore",
     "RedisMarkers",
     "etcd_client",
+    "etcd_cluster_url",
     "etcd_lock",
     "etcd_markers",
     "etcd_option_problems",
     "etcd_url_problem",
     "is_etcd_url",
+    "is_redlock",
     "marker_store",
+    "url_problems",
 ]
 
 _ETCD_SCHEMES = ("etcd://", "etcds://")
@@ -52,8 +56,8 @@ ETCD_RATE_PROBLEM = (
 )
 ETCD_RATE_HINT = "give the rate-limited task a Redis url=, or drop rate for this task"
 ETCD_URLS_PROBLEM = (
-    "urls lists Redis masters for Redlock; an etcd cluster is already a quorum: name its "
-    "members in one url, e.g. url='etcd://etcd1:2379,etcd2:2379,etcd3:2379'"
+    "urls mixes etcd and Redis URLs: list the members of one etcd cluster (every URL etcd://) or "
+    "the independent Redis masters of Redlock (none etcd://)"
 )
 
 
@@ -62,12 +66,88 @@ def is_etcd_url(url: object) -> bool:
     return isinstance(url, str) and url.lstrip()[:8].lower().startswith(_ETCD_SCHEMES)
 
 
-def etcd_option_problems(options: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+def etcd_cluster_url(urls: object) -> str | None:
+    """``urls`` as one etcd URL when every item names etcd (``urls=["etcd://a:2379",
+    "etcd://b:2379"]`` lists the members of one cluster, as ``url="etcd://a:2379,b:2379"``
+    does); None for anything else."""
+    if isinstance(urls, list | tuple) and urls and all(is_etcd_url(url) for url in urls):
+        return ",".join(str(url).strip() for url in urls)
+    return None
+
+
+def is_redlock(urls: object) -> bool:
+    """Whether ``urls`` names Redlock's masters (not the members of an etcd cluster)."""
+    return urls is not None and etcd_cluster_url(urls) is None
+
+
+Problem = tuple[str, str, str, str]  # (option, message, hint, check code)
+
+
+def url_problems(url: object, urls: object) -> list[Problem]:
+    """What is wrong with the ``url`` and ``urls`` options (one layer), in the words
+    decoration-time validation uses: each URL checked part by part (a Redis URL by
+    :func:`tasklock.core.urls.validate_url`, an etcd one by its endpoint parser)."""
+    problems: list[Problem] = []
+    if url is not None:
+        message = _one_url_problem("url", url)
+        if message:
+            problems.append(("url", message, "e.g. redis://localhost:6379/0", "E006"))
+    if urls is None:
+        return problems
+    if isinstance(urls, str) or not isinstance(urls, Sequence) or not urls:
+        problems.append(
+            ("urls", f"urls must be a non-empty list of Redis URLs, got {urls!r}", "", "E006")
+        )
+    elif (cluster := etcd_cluster_url(urls)) is not None:
+        message = etcd_url_problem("urls", cluster)
+        if message:
+            hint = "e.g. urls=['etcd://etcd1:2379', 'etcd://etcd2:2379']"
+            problems.append(("urls", message, hint, "E006"))
+    elif any(is_etcd_url(item) for item in urls):
+        problems.append(("urls", ETCD_URLS_PROBLEM, "", "E006"))
+    else:
+        problems.extend(_redlock_problems(urls))
+    return problems
+
+
+def _one_url_problem(option: str, value: object, *, single_server: bool = False) -> str | None:
+    if is_etcd_url(value) and not single_server:
+        return etcd_url_problem(option, str(value))
+    try:
+        validate_url(value, option, single_server=single_server)
+    except ConfigurationError as exc:
+        return str(exc)
+    return None
+
+
+def _redlock_problems(urls: Sequence[Any]) -> list[Problem]:
+    problems: list[Problem] = []
+    for index, url in enumerate(urls):
+        message = _one_url_problem(f"urls[{index}]", url, single_server=True)
+        if message:
+            problems.append(("urls", message, "e.g. redis://node-1:6379/0", "E006"))
+    if len(set(urls)) != len(urls):
+        problems.append(("urls", f"urls lists the same server twice: {list(urls)!r}", "", "E006"))
+    elif len(urls) % 2 == 0:
+        n = len(urls)
+        problems.append(
+            (
+                "urls",
+                f"urls has {n} masters: Redlock needs {n // 2 + 1} of them, so it tolerates "
+                f"{n // 2 - 1} failed master(s), no more than {n - 1} masters would",
+                "use an odd number: 1 (no fault tolerance), 3 (tolerates 1) or 5 (tolerates 2)",
+                "E006",
+            )
+        )
+    return problems
+
+
+def etcd_option_problems(options: Mapping[str, Any]) -> list[Problem]:
     """(option, message, hint, check code) for each option etcd cannot serve, when ``options``
-    (one layer, or all merged) name an etcd ``url``."""
-    if not is_etcd_url(options.get("url")):
+    (one layer, or all merged) name etcd in ``url`` or ``urls``."""
+    if not (is_etcd_url(options.get("url")) or etcd_cluster_url(options.get("urls"))):
         return []
-    problems: list[tuple[str, str, str, str]] = []
+    problems: list[Problem] = []
     if options.get("rate") is not None:
         problems.append(("rate", ETCD_RATE_PROBLEM, ETCD_RATE_HINT, "E016"))
     ttl = options.get("ttl")

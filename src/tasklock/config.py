@@ -20,15 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasklock.backends import (
-    ETCD_URLS_PROBLEM,
-    etcd_option_problems,
-    etcd_url_problem,
-    is_etcd_url,
-)
+from tasklock.backends import etcd_cluster_url, etcd_option_problems, is_redlock, url_problems
 from tasklock.core.base import MAX_TTL
 from tasklock.core.rates import RatePlan
-from tasklock.core.urls import validate_url
 from tasklock.errors import ConfigurationError
 
 __all__ = [
@@ -144,17 +138,6 @@ def until_start_problem(
             "set on_wait_timeout='retry' (wait again later) or wait_timeout=None (wait as long "
             "as it takes), or use on_duplicate='retry'",
         )
-    return None
-
-
-def _url_problem(option: str, value: Any, *, single_server: bool = False) -> str | None:
-    """What is wrong with a URL option, in the words decoration-time validation uses."""
-    if is_etcd_url(value):
-        return ETCD_URLS_PROBLEM if single_server else etcd_url_problem(option, value)
-    try:
-        validate_url(value, option, single_server=single_server)
-    except ConfigurationError as exc:
-        return str(exc)
     return None
 
 
@@ -288,7 +271,7 @@ def check_options(
             "e.g. limit=3; limit=1 (the default) is one at a time",
             "E011",
         )
-    elif _is_limit(get("limit")) and (get("limit") or 1) > 1 and get("urls") is not None:
+    elif _is_limit(get("limit")) and (get("limit") or 1) > 1 and is_redlock(get("urls")):
         bad("limit", REDLOCK_LIMIT_PROBLEM.format(limit=get("limit")), REDLOCK_LIMIT_HINT, "E012")
     if "limit" in options and get("limit") is None and get("fencing"):
         bad(
@@ -343,30 +326,8 @@ def check_options(
             "",
             "E004",
         )
-    if get("url") is not None:
-        message = _url_problem("url", get("url"))
-        if message:
-            bad("url", message, "e.g. redis://localhost:6379/0", "E006")
-    if get("urls") is not None:
-        urls = get("urls")
-        if isinstance(urls, str) or not isinstance(urls, Sequence) or not urls:
-            bad("urls", f"urls must be a non-empty list of Redis URLs, got {urls!r}", "", "E006")
-        else:
-            for index, url in enumerate(urls):
-                message = _url_problem(f"urls[{index}]", url, single_server=True)
-                if message:
-                    bad("urls", message, "e.g. redis://node-1:6379/0", "E006")
-            if len(set(urls)) != len(urls):
-                bad("urls", f"urls lists the same server twice: {list(urls)!r}", "", "E006")
-            elif len(urls) % 2 == 0:
-                n = len(urls)
-                bad(
-                    "urls",
-                    f"urls has {n} masters: Redlock needs {n // 2 + 1} of them, so it tolerates "
-                    f"{n // 2 - 1} failed master(s), no more than {n - 1} masters would",
-                    "use an odd number: 1 (no fault tolerance), 3 (tolerates 1) or 5 (tolerates 2)",
-                    "E006",
-                )
+    for option, message, hint, code in url_problems(get("url"), get("urls")):
+        bad(option, message, hint, code)
     if get("url") is not None and get("urls") is not None:
         bad("url", "url and urls are both set", "set url for one Redis or urls for Redlock", "E007")
     return problems
@@ -398,7 +359,7 @@ def _rate_problems(options: Mapping[str, Any], source: str) -> list[Problem]:
             problems.append(
                 Problem(option, f"{source}: {exc}", "e.g. rate='20/m', burst=1", "E013")
             )
-        if options.get("urls") is not None:
+        if is_redlock(options.get("urls")):
             problems.append(
                 Problem("rate", f"{source}: {REDLOCK_RATE_PROBLEM}", REDLOCK_RATE_HINT, "E015")
             )
@@ -566,6 +527,11 @@ def resolve_options(
                 merged.pop("urls" if name == "url" else "url", None)
             merged[name] = value
             sources[name] = source
+    cluster = etcd_cluster_url(merged.get("urls"))
+    if cluster is not None:
+        # The members of one etcd cluster, listed: the same as url="etcd://a:2379,b:2379".
+        merged["url"], sources["url"] = cluster, sources.pop("urls", "defaults")
+        del merged["urls"]
     _check_merged(merged, sources)
     urls = merged.get("urls")
     return TaskOptions(

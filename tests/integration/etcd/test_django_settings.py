@@ -51,7 +51,7 @@ def test_an_etcd_url_is_accepted_and_read_by_tasks() -> None:
         ({"URL": ETCD, "RATE": "5/s"}, "tasklock.E016", "rate with an etcd url"),
         ({"URL": ETCD, "TTL": 0.5}, "tasklock.E017", "whole seconds"),
         ({"URL": "etcd://etcd1:99999"}, "tasklock.E006", "invalid port"),
-        ({"URLS": ["etcd://a:2379", "etcd://b:2379", "etcd://c:2379"]}, "tasklock.E006", "one url"),
+        ({"URLS": ["etcd://a:2379", "redis://b:6379/0"]}, "tasklock.E006", "mixes etcd"),
     ],
 )
 def test_what_etcd_cannot_serve_is_its_own_check_message(

@@ -192,7 +192,8 @@ def test_unreachable_etcd_is_a_backend_error_or_runs_unlocked() -> None:
         ({"ttl": 0.5}, "etcd leases are whole seconds"),
         ({"url": "etcd://127.0.0.1:0"}, "invalid port"),
         ({"url": "etcd://"}, "empty host"),
-        ({"url": None, "urls": ["etcd://a:2379", "etcd://b:2379", "etcd://c:2379"]}, "one url"),
+        ({"url": None, "urls": ["etcd://a:2379", "redis://b:6379/0"]}, "mixes etcd and Redis"),
+        ({"url": None, "urls": ["etcd://a:2379", "etcd://b:0"]}, "invalid port"),
     ],
 )
 def test_what_etcd_cannot_serve_is_refused_at_decoration(
@@ -210,6 +211,18 @@ def test_a_rate_refused_across_layers_names_both_sources(
     guard = Guard(settle, "app.rated", {"rate": "5/s"})
     with pytest.raises(ConfigurationError, match=r"rate='5/s' \(task options\).*environment"):
         _ = guard.options
+
+
+def test_urls_listing_etcd_members_is_one_etcd_cluster(url: str) -> None:
+    dead = f"etcd://127.0.0.1:{free_port()}"
+    guard = Guard(settle, "app.members", {"urls": [dead, url], "fencing": True, "limit": 1})
+    assert guard.options.urls is None
+    assert guard.options.url == f"{dead},{url}"
+    assert guard.options.sources["url"] == "task options"
+    # The first member refuses connections: the request moves on to the next one.
+    assert run(guard, (1,)).startswith("settled 1 ")
+    with pytest.raises(ConfigurationError, match="rate with an etcd url"):
+        Guard(settle, "app.members_rated", {"urls": [url], "rate": "1/s"})
 
 
 def test_the_etcd_client_is_shared_per_url(url: str) -> None:
