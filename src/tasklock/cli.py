@@ -4,14 +4,20 @@ Semaphores too: ``ls`` lists each live permit as a row of its own, ``show`` of a
 lists its permits, and ``release`` of one takes ``--fence`` or ``--token`` to name the permit (a
 semaphore has several holders, so "release it" would be ambiguous); it never deletes the set.
 
+Redis or etcd: an ``etcd://`` or ``etcds://`` URL (``etcd://h1:2379,h2:2379``) selects etcd,
+any other a Redis. The commands are written once against :class:`tasklock.ops.stores.Store`, so
+their text, ``--json``, confirmations and exit codes are the same on both, and scripts work on
+either (on etcd the fence is the key's create revision; ``show`` says there is no counter).
+
 This module is the argument layer only: it resolves URLs, calls :mod:`tasklock.ops` and prints.
-Exit status: 0 success, 1 failure (Redis unreachable, lock not found, doctor found a problem),
-2 usage error (bad option, bad URL, ``release`` without ``--force``, or of a semaphore without
-``--fence``/``--token``). Expected errors are one line on stderr saying what is wrong and what to
-do; no tracebacks.
+Exit status: 0 success, 1 failure (server unreachable, lock not found, doctor found a problem),
+2 usage error (bad option, bad URL, a URL naming a server that is not etcd, ``release`` without
+``--force``, or of a semaphore without ``--fence``/``--token``). Expected errors are one line
+on stderr saying what is wrong and what to do; no tracebacks.
 
 URLs: ``--url`` (``--urls`` for ``doctor``), else ``$TASKLOCK_URL`` (``$TASKLOCK_URLS``,
-comma-separated, for ``doctor``), else ``redis://localhost:6379/0``.
+comma-separated, for ``doctor``; an etcd URL there is one cluster, its hosts comma-separated),
+else ``redis://localhost:6379/0``.
 
 Keys: ``ls`` prints each key as one line of printable text (backslash escapes for bytes that are
 not UTF-8, newlines and other characters that do not print: see
@@ -34,35 +40,21 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
 import redis.exceptions as redis_errors
 
 from tasklock.core.base import DEFAULT_TTL
-from tasklock.core.connection import client_for_url, validate_url
+from tasklock.core.urls import validate_url
 from tasklock.errors import BackendUnavailable, ConfigurationError
-from tasklock.ops.doctor import redact_url, run_doctor
-from tasklock.ops.inspect import (
-    KeyState,
-    LockInfo,
-    fence_counter_keys,
-    key_from_text,
-    key_text,
-    list_locks,
-    newest_first,
-    printable,
-    read_fence_counters,
-    read_key,
-    release_if_unchanged,
-)
-from tasklock.ops.permits import find_permit, list_permits, read_permits, release_permit
+from tasklock.ops.inspect import KeyState, LockInfo, key_from_text, key_text, printable
+from tasklock.ops.permits import find_permit
 from tasklock.ops.render import (
-    doctor_report,
     holder_line,
     lock_details,
     lock_table,
     permit_list,
     semaphore_details,
 )
+from tasklock.ops.stores import Store, check_url, doctor_for, is_etcd_url, open_store
 
 __all__ = ["DEFAULT_URL", "build_parser", "main"]
 
@@ -87,38 +79,26 @@ class CommandFailed(Exception):
 def resolve_url(given: str | None) -> tuple[str, str]:
     """``(url, where it came from)``: ``--url``, else ``$TASKLOCK_URL``, else the default."""
     if given is not None:
-        return validate_url(given, "--url"), "--url"
+        return check_url(given, "--url"), "--url"
     env = os.environ.get(URL_ENV, "").strip()
     if env:
-        return validate_url(env, URL_ENV), URL_ENV
+        return check_url(env, URL_ENV), URL_ENV
     return DEFAULT_URL, "the default URL"
 
 
 def resolve_urls(url: str | None, urls: Sequence[str] | None) -> tuple[list[str], str]:
     """Doctor's nodes and where they came from: ``--urls``, ``--url``, ``$TASKLOCK_URLS``, then
-    as for :func:`resolve_url`."""
+    as for :func:`resolve_url`. An etcd URL lists its hosts after commas, so it is not split."""
     if urls:
-        return [validate_url(u, "--urls") for u in urls], "--urls"
+        return [check_url(u, "--urls") for u in urls], "--urls"
     if url is not None:
-        return [validate_url(url, "--url")], "--url"
+        return [check_url(url, "--url")], "--url"
     env = os.environ.get(URLS_ENV, "").strip()
     if env:
-        listed = [part.strip() for part in env.split(",") if part.strip()]
-        return [validate_url(u, URLS_ENV) for u in listed], URLS_ENV
+        listed = [env] if is_etcd_url(env) else [p.strip() for p in env.split(",") if p.strip()]
+        return [check_url(u, URLS_ENV) for u in listed], URLS_ENV
     single, origin = resolve_url(None)
     return [single], origin
-
-
-def connect(url: str, option: str) -> redis.Redis:
-    """A client for ``url``; a URL redis-py cannot parse is a usage error naming ``option``."""
-    try:
-        return client_for_url(url)
-    except ValueError as exc:
-        if isinstance(exc, ConfigurationError):
-            raise
-        raise ConfigurationError(
-            f"{option}={redact_url(url)!r} is not a usable Redis URL: {exc}"
-        ) from exc
 
 
 # --- keys ---------------------------------------------------------------------------------------
@@ -152,17 +132,20 @@ def _quoted(key: str) -> str:
 # --- commands -----------------------------------------------------------------------------------
 
 
-def cmd_ls(args: argparse.Namespace) -> int:
+def _store(args: argparse.Namespace) -> Store:
     url, origin = resolve_url(args.url)
-    client = connect(url, origin)
+    return open_store(url, origin)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    store = _store(args)
     # The pattern is a SCAN glob (its backslashes escape * ? [), sent as the bytes typed.
-    match = _argv_bytes(args.match)
-    locks = sorted([*list_locks(client, match), *list_permits(client, match)], key=newest_first)
+    locks = store.list_locks(_argv_bytes(args.match))
     if args.json:
         print(json.dumps([info.to_json() for info in locks], indent=2))
     elif not locks:
         print(
-            f"No tasklock locks held on {redact_url(url)} matching {args.match!r} "
+            f"No tasklock locks held on {store.where} matching {args.match!r} "
             "(and no semaphore permits)."
         )
     else:
@@ -170,10 +153,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _held_lock(state: KeyState, url: str, typed: str) -> LockInfo:
+def _held_lock(state: KeyState, store: Store, typed: str) -> LockInfo:
     """The lock ``state`` holds; a CommandFailed saying what it is when it is no tasklock lock.
     ``typed`` is the KEY argument as given, for the hint on how keys are read."""
-    where = redact_url(url)
+    where = store.where
     if not state.exists:
         hint = ""
         if "\\" in typed:
@@ -199,58 +182,59 @@ def _held_lock(state: KeyState, url: str, typed: str) -> LockInfo:
     return state.lock
 
 
-def _live_permits(client: redis.Redis, key: str, url: str) -> list[LockInfo]:
-    """The live permits of the sorted set at ``key``; a CommandFailed when it has none."""
-    permits = read_permits(client, key)
+def _live_permits(store: Store, key: str) -> list[LockInfo]:
+    """The live permits of the semaphore at ``key``; a CommandFailed when it has none."""
+    permits = store.permits(key)
     if not permits:
         raise CommandFailed(
-            f"{_quoted(key)} on {redact_url(url)} is a Redis zset with no live tasklock permit "
+            f"{_quoted(key)} on {store.where} is a Redis zset with no live tasklock permit "
             "(a semaphore whose permits all expired or were released, or another library's "
             "sorted set); tasklock leaves it alone"
         )
     return permits
 
 
-def _fence_counters(
-    client: redis.Redis, key: str
-) -> tuple[dict[str, int | None], dict[str, str], list[dict[str, Any]]]:
-    """The fence counters of ``key`` to show, their labels, and the same as JSON."""
-    candidates = fence_counter_keys(key)
-    counters = read_fence_counters(client, [counter for _, counter in candidates])
-    # Show the counters that exist; when none does, the most likely one as "not set".
-    counters = {k: v for k, v in counters.items() if v is not None} or {candidates[0][1]: None}
-    labels = {key: label for label, key in candidates}
-    as_json = [
-        {"key": key_text(counter), "kind": labels[counter], "value": counters[counter]}
-        for counter in counters
-    ]
-    return counters, labels, as_json
+def _with_fence_note(details: str, key: str, note: str | None) -> str:
+    """``show``'s text with the store's word on fence counters (etcd has none) as the last row
+    of its ``name  value`` block (whose first row is ``key``), aligned with the rows above."""
+    if note is None:
+        return details
+    head, sep, tail = details.partition("\npermits, first to free first:")
+    rows = head.splitlines()
+    width = len(rows[0]) - len(key_text(key)) - 2
+    name = "fence counter"
+    if len(name) > width:
+        rows = [row[:width] + " " * (len(name) - width) + row[width:] for row in rows]
+        width = len(name)
+    rows.append(f"{name.ljust(width)}  {note}")
+    return "\n".join(rows) + sep + tail
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     key = key_argument(args.key)
-    url, origin = resolve_url(args.url)
-    client = connect(url, origin)
-    state = read_key(client, key)
-    if state.type == "zset":  # a Semaphore: its permits, first to free first
-        permits = _live_permits(client, key, url)
-        counters, labels, counters_json = _fence_counters(client, key)
+    store = _store(args)
+    state = store.read(key)
+    if store.is_semaphore(state):  # a Semaphore: its permits, first to free first
+        permits = _live_permits(store, key)
+        counters, labels, counters_json = store.fence_counters(key)
         if args.json:
             semaphore = {"key": key_text(key), "kind": "semaphore", "permits": len(permits)}
             semaphore["holders"] = [permit.to_json() for permit in permits]
             semaphore["fence_counters"] = counters_json
             print(json.dumps(semaphore, indent=2))
         else:
-            print(semaphore_details(key, permits, counters, labels))
+            details = semaphore_details(key, permits, counters, labels)
+            print(_with_fence_note(details, key, store.fence_note))
         return 0
-    lock = _held_lock(state, url, args.key)
-    counters, labels, counters_json = _fence_counters(client, key)
+    lock = _held_lock(state, store, args.key)
+    counters, labels, counters_json = store.fence_counters(key)
     if args.json:
         data = lock.to_json()
         data["fence_counters"] = counters_json
         print(json.dumps(data, indent=2))
     else:
-        print(lock_details(lock, counters, labels))
+        details = lock_details(lock, counters, labels)
+        print(_with_fence_note(details, key, store.fence_note))
     return 0
 
 
@@ -284,12 +268,11 @@ def cmd_release(args: argparse.Namespace) -> int:
     key = key_argument(args.key)
     if not args.force:
         raise CommandFailed(FORCE_REFUSAL.format(key=_quoted(key)), code=2)
-    url, origin = resolve_url(args.url)
-    client = connect(url, origin)
-    state = read_key(client, key)
-    if state.type == "zset":
-        return _release_permit(client, key, url, args)
-    lock = _held_lock(state, url, args.key)
+    store = _store(args)
+    state = store.read(key)
+    if store.is_semaphore(state):
+        return _release_permit(store, key, args)
+    lock = _held_lock(state, store, args.key)
     if _named(args) and find_permit([lock], args.fence, args.token) is None:
         raise CommandFailed(
             f"{_quoted(key)} is a lock held by {holder_line(lock)}, which {_named(args)} does "
@@ -301,10 +284,10 @@ def cmd_release(args: argparse.Namespace) -> int:
     ):
         print("Not released.")
         return 1
-    if release_if_unchanged(client, key, lock.raw_value):
+    if store.release(lock):
         print(f"Released {key_text(key)}; waiters were woken.")
         return 0
-    now = read_key(client, key)
+    now = store.read(key)
     if now.lock is not None:
         current = f"now held by {holder_line(now.lock)}"
     elif now.exists:
@@ -324,14 +307,14 @@ def _named(args: argparse.Namespace) -> str:
     return "" if args.token is None else f"--token {printable(args.token)}"
 
 
-def _release_permit(client: redis.Redis, key: str, url: str, args: argparse.Namespace) -> int:
-    """``release`` of a Semaphore: the one permit named by --fence or --token, owner-checked by
-    PERMIT_RELEASE (the other permits, and the set itself, are never touched)."""
-    permits = _live_permits(client, key, url)
+def _release_permit(store: Store, key: str, args: argparse.Namespace) -> int:
+    """``release`` of a Semaphore: the one permit named by --fence or --token, owner-checked
+    (the other permits, and the semaphore itself, are never touched)."""
+    permits = _live_permits(store, key)
     if not _named(args):
         count = f"{len(permits)} live permit" + ("" if len(permits) == 1 else "s")
         raise CommandFailed(
-            f"{_quoted(key)} on {redact_url(url)} is a semaphore with {count}: name the one to "
+            f"{_quoted(key)} on {store.where} is a semaphore with {count}: name the one to "
             f"release, as in `tasklock release {_quoted(key)} --force --fence {permits[0].fence}` "
             "(or --token TOKEN; `tasklock show` lists both). Nothing released. Its permits: "
             f"{permit_list(permits)}",
@@ -350,7 +333,7 @@ def _release_permit(client: redis.Redis, key: str, url: str, args: argparse.Name
     ):
         print("Not released.")
         return 1
-    outcome = release_permit(client, key, permit.raw_value)
+    outcome = store.release_permit(key, permit)
     if outcome == 0:
         raise CommandFailed(
             f"the permit of {_quoted(key)} with fence {permit.fence} changed since it was shown "
@@ -392,13 +375,11 @@ def _positive_seconds(text: str) -> float:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     urls, origin = resolve_urls(args.url, args.urls)
-    for url in urls:
-        connect(url, origin)  # a URL redis-py cannot parse is a usage error, before any probing
-    report = run_doctor(urls, ttl=args.ttl)
+    report, render = doctor_for(urls, origin, args.ttl)
     if args.json:
         print(json.dumps(report.to_json(args.strict), indent=2))
     else:
-        print(doctor_report(report, args.strict))
+        print(render(report, args.strict))
     return report.exit_code(args.strict)
 
 
@@ -427,14 +408,14 @@ def _add_url(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         metavar="URL",
-        help=f"Redis URL (default: ${URL_ENV}, else {DEFAULT_URL})",
+        help=f"Redis or etcd:// URL (default: ${URL_ENV}, else {DEFAULT_URL})",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tasklock",
-        description="Inspect, release and check tasklock's Redis locks.",
+        description="Inspect, release and check tasklock's locks on Redis or etcd.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -485,15 +466,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = sub.add_parser(
         "doctor",
-        help="check a Redis setup for what can break locks",
-        description="Checks eviction policy, persistence, replicas, version, latency and (for "
-        "several nodes) clocks and duplicates. Exit status 1 when a check fails.",
+        help="check a Redis or etcd setup for what can break locks",
+        description="Redis: eviction policy, persistence, replicas, version, latency and (for "
+        "several nodes) clocks and duplicates. etcd: version, health, leader, members, a probe "
+        "lock and that every endpoint is one cluster. Exit status 1 when a check fails.",
     )
     nodes = doctor.add_mutually_exclusive_group()
     nodes.add_argument(
         "--url",
         metavar="URL",
-        help=f"one Redis (default: ${URLS_ENV} or ${URL_ENV}, else {DEFAULT_URL})",
+        help=f"one Redis, or etcd://h1,h2,... (default: ${URLS_ENV} or ${URL_ENV}, else "
+        f"{DEFAULT_URL})",
     )
     nodes.add_argument("--urls", nargs="+", metavar="URL", help="the Redlock masters")
     doctor.add_argument(
