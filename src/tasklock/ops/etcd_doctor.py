@@ -19,6 +19,8 @@ What is checked, and why it matters for a lock:
   revoke, as the configured endpoint sees them; its round trip is what every acquire pays.
 * members: a cluster of n tolerates ``n - (n // 2 + 1)`` failed members. One member tolerates
   none; an even count tolerates no more than one fewer would (3 members tolerate 1, 5 tolerate 2).
+* endpoints: the client fails over only between the endpoints it is given; fewer than the
+  members means it can lose the cluster while a quorum is still up.
 * one cluster: every endpoint given must report the same ``cluster_id``. A client fails over
   between its endpoints, and a lock taken on one cluster is invisible to the other.
 
@@ -185,6 +187,7 @@ def judge(endpoints: Sequence[EndpointFacts]) -> list[Check]:
     answered = [f for f in endpoints if f.error is None and f.cluster_id is not None]
     if answered:
         checks.append(_check_members(answered[0]))
+        checks.append(_check_endpoints(len(endpoints), answered[0]))
         checks.append(_check_one_cluster(answered))
     return checks
 
@@ -306,6 +309,20 @@ def _check_members(facts: EndpointFacts) -> Check:
             fix,
         )
     return Check("members", Status.OK, message)
+
+
+def _check_endpoints(given: int, facts: EndpointFacts) -> Check:
+    members = len(facts.members)
+    if given < members:
+        return Check(
+            "endpoints",
+            Status.WARN,
+            f"{given} endpoint(s) given for {members} members: the client fails over only "
+            "between the endpoints it is given, so with those members down it cannot reach the "
+            "cluster although a quorum may still be up",
+            "list every member's client URL: etcd://m1:2379,m2:2379,m3:2379",
+        )
+    return Check("endpoints", Status.OK, f"{given} endpoint(s) given for {members} member(s)")
 
 
 def _check_one_cluster(answered: Sequence[EndpointFacts]) -> Check:

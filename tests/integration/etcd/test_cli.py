@@ -29,6 +29,7 @@ from tasklock.cli import main
 from tasklock.core.owner import new_token, parse_value
 from tasklock.etcd import Lock
 from tasklock.ops import etcd_inspect
+from tasklock.ops.etcd_doctor import EndpointFacts, judge
 from tests.integration.etcd.conftest import EtcdServer
 from tests.integration.test_cli import SCRIPT, FakeTerminal, Run
 from tests.support.servers import RedisServer, free_port
@@ -465,6 +466,7 @@ def test_doctor_on_a_healthy_single_node(etcd: EtcdServer, url: str, run: Run) -
     assert report["urls"] == [etcd.url]
     verdicts = _verdicts(report)
     assert verdicts[(None, "members")] == "warn"
+    assert verdicts[(None, "endpoints")] == "ok"
     assert verdicts[(None, "one cluster")] == "ok"
     for name in ("reachable", "version", "health", "leader", "lock probe", "latency"):
         assert verdicts[(etcd.url, name)] == "ok", name
@@ -489,6 +491,44 @@ def test_doctor_with_an_unreachable_endpoint_fails_it(
     code, out, _ = run("doctor", "--url", f"etcd://{dead}")
     assert code == 1
     assert f"FAIL  reachable  etcd at http://{dead} did not answer" in out
+
+
+def _facts(url: str, cluster: str = "7", members: int = 3) -> EndpointFacts:
+    names = [f"m{i}" for i in range(members)]
+    return EndpointFacts(url, version="3.5.1", health="true", cluster_id=cluster, members=names)
+
+
+@pytest.mark.parametrize(
+    ("members", "status", "words"),
+    [
+        (1, "warn", "tolerates 0 failed member(s): while it is down"),
+        (2, "warn", "tolerates 0 failed member(s), no more than 1 members would"),
+        (3, "ok", "quorum 2: tolerates 1 failed member(s)"),
+        (4, "warn", "tolerates 1 failed member(s), no more than 3 members would"),
+        (5, "ok", "quorum 3: tolerates 2 failed member(s)"),
+    ],
+)
+def test_doctor_judges_the_member_count(members: int, status: str, words: str) -> None:
+    given = [_facts(f"http://m{i}:2379", members=members) for i in range(members)]
+    (check,) = [c for c in judge(given) if c.name == "members"]
+    assert (check.status, check.node) == (status, None)
+    assert words in check.message
+    assert (check.fix is None) == (status == "ok")
+
+
+def test_doctor_judges_endpoints_and_clusters() -> None:
+    verdicts = {c.name: c for c in judge([_facts("http://a:2379")])}
+    assert verdicts["endpoints"].status == "warn"
+    assert "1 endpoint(s) given for 3 members" in verdicts["endpoints"].message
+
+    down = EndpointFacts("http://c:2379", error="etcd at http://c:2379 did not answer (refused)")
+    verdicts = {c.name: c for c in judge([_facts("http://a:2379"), _facts("http://b:2379"), down])}
+    assert (verdicts["endpoints"].status, verdicts["one cluster"].status) == ("ok", "ok")
+
+    mixed = [_facts("http://a:2379", cluster="10"), _facts("http://b:2379", cluster="11")]
+    check = {c.name: c for c in judge(mixed)}["one cluster"]
+    assert check.status == "fail"
+    assert "cluster a: http://a:2379; cluster b: http://b:2379" in check.message
 
 
 @pytest.fixture
