@@ -18,7 +18,7 @@ What etcd does not serve, refused with a clear error when the options are resolv
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tasklock.core.connection import backend_errors
@@ -44,7 +44,6 @@ __all__ = [
     "etcd_url_problem",
     "is_etcd_url",
     "is_redlock",
-    "marker_store",
     "url_problems",
 ]
 
@@ -267,11 +266,3 @@ def etcd_markers(url: str) -> MarkerStore:
 
         store = _etcd_markers.setdefault(url, Markers(etcd_client(url)))
     return store
-
-
-def marker_store(url: str | None, redis_client: Callable[[], Any]) -> MarkerStore:
-    """The marker store for a task whose ``url`` is given (``redis_client`` makes the Redis
-    client when it is not etcd)."""
-    if url is not None and is_etcd_url(url):
-        return etcd_markers(url)
-    return RedisMarkers(redis_client())

@@ -62,6 +62,7 @@ from celery._state import _task_stack  # type: ignore[attr-defined]
 from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 from kombu.utils.uuid import uuid
 
+from tasklock import fleet
 from tasklock._celery_config import broker_client, near_miss, seconds_until_due, split_options
 from tasklock._celery_outcomes import requeue_when_down, skip_call
 from tasklock._celery_rates import defer_call
@@ -505,6 +506,10 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 
 signals.task_failure.connect(_on_failure, weak=False, dispatch_uid="tasklock.celery.failure")
+# A pool child that ends (max_tasks_per_child, shutdown) writes the counts its thread had not.
+signals.worker_process_shutdown.connect(
+    lambda **_: fleet.flush(), weak=False, dispatch_uid="tasklock.celery.fleet"
+)
 signals.task_revoked.connect(_on_revoked, weak=False, dispatch_uid="tasklock.celery.revoked")
 
 

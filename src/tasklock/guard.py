@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast
 
-from tasklock import stats
+from tasklock import fleet, observe, stats
 from tasklock.backends import etcd_lock, is_etcd_url
 from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
 from tasklock.core.base import BaseLock
@@ -213,13 +213,17 @@ class Guard(PendingMarkers):
         }
         if options.url is not None and is_etcd_url(options.url):
             return etcd_lock(options.url, key, options.limit, **common)
-        if options.limit is not None and options.limit > 1:
-            return Semaphore(self._client(), key, options.limit, **common)
         if options.urls:
             from tasklock.core.redlock import Redlock
 
-            return Redlock(list(options.urls), key, **common)
-        return Lock(self._client(), key, **common)
+            redlock = Redlock(list(options.urls), key, **common)
+            fleet.bind(self.name, redlock.clients[0], options.key_prefix)
+            return redlock
+        client = self._client()
+        fleet.bind(self.name, client, options.key_prefix)
+        if options.limit is not None and options.limit > 1:
+            return Semaphore(client, key, options.limit, **common)
+        return Lock(client, key, **common)
 
     def _on_lost(self, lock: BaseLock) -> None:
         stats.increment("lost", self.name)
@@ -278,6 +282,8 @@ class Guard(PendingMarkers):
         rated = options.rate is not None
         gate = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near) if rated else None
         key = self.lock_key(args, kwargs)
+        scope = observe.acquiring(self.name, key)
+        waited_for = 0.0
         lock: BaseLock | None = None
         try:
             # Inside the try: a cluster client connects when it is made, so an unreachable
@@ -303,28 +309,35 @@ class Guard(PendingMarkers):
                     acquired = lock.acquire(blocking=True, blocking_timeout=options.ttl)
                 elif options.on_duplicate == "wait":
                     waited = True
-                    if until_start:
-                        acquired = self._wait_pending(lock, args, kwargs, cast(str, task_id))
-                    else:
-                        acquired = lock.acquire(
-                            blocking=True, blocking_timeout=options.wait_timeout
-                        )
+                    started = clock.monotonic()
+                    try:
+                        if until_start:
+                            acquired = self._wait_pending(lock, args, kwargs, cast(str, task_id))
+                        else:
+                            acquired = lock.acquire(
+                                blocking=True, blocking_timeout=options.wait_timeout
+                            )
+                    finally:
+                        waited_for = self._count_wait(started)
         except BackendUnavailable as exc:
             if options.on_backend_error != "run":
                 stats.increment("backend_error", self.name)
+                scope.done("backend_error", waited_for, None)
                 raise
             stats.increment("ran_unlocked", self.name)
+            scope.done("ran_unlocked", waited_for, None)
             log.warning(
                 "%s: running WITHOUT the lock because the lock store is unreachable "
                 "(on_backend_error='run'): %s",
                 self.name,
                 exc,
             )
-            return body(self._fence_kwargs(None))
+            return self._hold(scope, body, self._fence_kwargs(None))
         except BaseException:
             # Raised asynchronously (RQ's job timeout, Celery's soft time limit, Ctrl-C), it can
             # land after the acquire script succeeded: never leave that hold to the watchdog,
             # which would renew it for as long as this process lives.
+            scope.done("interrupted", waited_for, None)
             if lock is not None and lock.fence is not None:
                 self._release(lock)
             raise
@@ -344,18 +357,44 @@ class Guard(PendingMarkers):
                 self.keep_pending(
                     args, kwargs, cast(str, task_id), delay=max(options.ttl, RETRY_FIRST_DELAY)
                 )
+            scope.done(f"duplicate_{self._policy(duplicate)}", waited_for, None)
             return self._duplicate(duplicate, on_skip, on_retry, duplicate_error)
         try:
             stats.increment("acquired", self.name)
+            scope.done("acquired", waited_for, lock.fence)
             if gate is not None:
                 throttle = gate.throttle()
                 if throttle is not None:
                     return gate.defer(throttle)
             if until_start:
                 self._clear_at_start(args, kwargs, cast(str, task_id))
-            return body(self._fence_kwargs(lock.fence))
+            return self._hold(scope, body, self._fence_kwargs(lock.fence))
         finally:
             self._release(lock)
+
+    def _hold(
+        self,
+        scope: observe.AcquireScope,
+        body: Callable[[dict[str, Any]], R],
+        extra: dict[str, Any],
+    ) -> R:
+        """Run the body, counted (``ran``) and observed (the hold's scope)."""
+        stats.increment("ran", self.name)
+        hold = scope.hold()
+        try:
+            result = body(extra)
+        except BaseException as exc:
+            hold.done(exc)
+            raise
+        hold.done(None)
+        return result
+
+    def _count_wait(self, started: float) -> float:
+        """Count a wait for the lock (``waited``, ``wait_us``); the seconds it took."""
+        seconds = max(0.0, clock.monotonic() - started)
+        stats.increment("waited", self.name)
+        stats.add("wait_us", self.name, int(seconds * 1_000_000))
+        return seconds
 
     def _run_unlocked(
         self,
@@ -375,6 +414,7 @@ class Guard(PendingMarkers):
             return gate.defer(throttle)
         if until_start:
             self._clear_at_start(args, kwargs, cast(str, gate.task_id))
+        stats.increment("ran", self.name)
         return body({})
 
     def admit_rate(

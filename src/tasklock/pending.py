@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tasklock import stats
-from tasklock.backends import MarkerStore, RedisMarkers, marker_store
+from tasklock import fleet, stats
+from tasklock.backends import MarkerStore, RedisMarkers, etcd_markers, is_etcd_url
 from tasklock.config import TaskOptions
 from tasklock.core.connection import client_for_url
 from tasklock.errors import BackendUnavailable, LockError
@@ -46,8 +46,13 @@ class PendingMarkers:
         # The marker is about pending work, not safety: one node suffices (the first with Redlock).
         options = self.options
         if options.urls:
-            return RedisMarkers(client_for_url(options.urls[0]))
-        return marker_store(options.url, self._client)
+            client = client_for_url(options.urls[0])
+        elif options.url is not None and is_etcd_url(options.url):
+            return etcd_markers(options.url)
+        else:
+            client = self._client()
+        fleet.bind(self.name, client, options.key_prefix)  # enqueue dedupes are counted too
+        return RedisMarkers(client)
 
     def claim_pending(
         self,

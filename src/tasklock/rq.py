@@ -79,6 +79,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus, get_current_job
 from rq.scheduler import RQScheduler
 
+from tasklock import fleet
 from tasklock._rq_dependents import follow_twin
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateJob, RateLimited
 from tasklock.guard import Duplicate, Guard, Throttle
@@ -232,6 +233,12 @@ class SingletonJob:
         job = get_current_job()
         if job is None or job.func_name != self.name:
             return self._run_direct(args, kwargs)
+        try:
+            return self._run_job(job, args, kwargs)
+        finally:
+            fleet.flush_if_forked()  # a work horse leaves with os._exit: write its counts now
+
+    def _run_job(self, job: Job, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         guard = self.guard
         failed_skips: list[DuplicateJob] = []  # skips turned into failures, recorded already
         try:

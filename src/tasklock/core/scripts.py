@@ -42,7 +42,8 @@ __all__ = [
 ACL_RULES = (
     "+evalsha +script|load +get +set +del +exists +pttl +pexpire +incr +time +publish +subscribe "
     "+unsubscribe +ping +type +zadd +zrem +zscore +zrange +zcard +zcount +zrangebyscore "
-    "+zremrangebyscore +rpush +lpop +lrem +lindex +lrange +hmget +hset ~tasklock:* "
+    "+zremrangebyscore +rpush +lpop +lrem +lindex +lrange +hmget +hset +hincrby +hgetall +expire "
+    "~tasklock:* "
     "~<your lock names> ~{<your lock names>}:* resetchannels &tasklock:wake:*"
 )
 

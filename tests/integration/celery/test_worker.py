@@ -85,7 +85,7 @@ def bound_task(self: Any, account: int, token: int | None = None) -> list[Any]:
 def retries_itself(self: Any, account: int) -> int:
     """Retries once, and keeps its first attempt's lock until the retry waits on it."""
     guard = self.tasklock_guard
-    marker = guard._marker_client().get(guard.pending_key((account,), {}))
+    marker = guard._client().get(guard.pending_key((account,), {}))
     RUNS.append(
         {"task": "w.retries_itself", "account": account, "retries": self.request.retries,
          "marker": marker}
