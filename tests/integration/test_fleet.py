@@ -106,7 +106,7 @@ def test_keys_expire_so_nothing_grows_without_bound(
     fleet.flush()
     totals = fleet.totals_key("tasklock", "fleet.ttl")
     assert 0 < r.ttl(totals) <= fleet.TOTALS_TTL
-    [bucket] = [k for k in r.keys("tasklock:{fleet.ttl}:stats:*")]
+    [bucket] = list(r.keys("tasklock:{fleet.ttl}:stats:*"))
     assert 0 < r.ttl(bucket) <= fleet.BUCKET_TTL
     assert 0 < r.ttl(fleet.registry_key("tasklock")) <= fleet.TOTALS_TTL
 
