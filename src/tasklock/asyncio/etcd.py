@@ -96,7 +96,8 @@ class Lock(LockSteps[AsyncClient, AsyncBaseLock], AsyncBaseLock):
 
 
 class _AsyncWatchWaiter(WatchWaiter):
-    """Waits for the lock key's delete with a watch from the revision the last attempt read."""
+    """Waits for the lock key's delete (or a permit's, while a semaphore of the same name holds
+    permits) with a watch from the revision the last attempt read."""
 
     _lock: Lock
 
@@ -105,7 +106,9 @@ class _AsyncWatchWaiter(WatchWaiter):
         if target is None:
             return False
         try:
-            return await self._lock.client.wait_for_delete(target.key, target.start, timeout)
+            return await self._lock.client.wait_for_delete(
+                target.key, target.start, timeout, **target.options()
+            )
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -17,6 +17,10 @@ the key only if absent; waiters watch the key for its delete instead of polling;
 the key only while it is on this hold's lease; the watchdog renews with lease keep-alives, and a
 keep-alive that finds the lease gone marks the hold lost (``lock.lost``, ``on_lost``).
 
+:class:`Semaphore` (:mod:`tasklock.etcd.semaphore`) lets ``limit`` holders in at once, each on a
+permit key ``<name>:permit:<i>`` of its own lease; a Lock and a Semaphore of the same name exclude
+each other, so a task whose limit moves between 1 and N stays exclusive.
+
 Why etcd's JSON gateway over httpx, not a gRPC client library. etcd (3.4 and later) serves its
 v3 API as JSON over HTTP on the client port (``/v3/kv/txn``, ``/v3/lease/keepalive``,
 ``/v3/watch`` as a stream, ...). Talking to that through httpx lets one sans-I/O layer
@@ -35,5 +39,6 @@ from __future__ import annotations
 
 from tasklock.etcd.client import Client
 from tasklock.etcd.lock import Lock
+from tasklock.etcd.semaphore import Semaphore
 
-__all__ = ["Client", "Lock"]
+__all__ = ["Client", "Lock", "Semaphore"]

@@ -108,14 +108,17 @@ class Client:
         if error is not None:
             raise error
 
-    def wait_for_delete(self, key: bytes, start_revision: int, timeout: float) -> bool:
+    def wait_for_delete(
+        self, key: bytes, start_revision: int, timeout: float, *, range_end: bytes | None = None
+    ) -> bool:
         """Watch ``key`` from ``start_revision`` for up to ``timeout`` s: True once it was
-        deleted (or the watch must be looked at again), False when the time ran out.
+        deleted (or the watch must be looked at again), False when the time ran out. With
+        ``range_end``: a delete of any key in [key, range_end) (a semaphore's permits).
 
         A watch that cannot be opened raises BackendUnavailable; the caller decides.
         """
         http = self._client()
-        body = protocol.watch_request(key, start_revision)
+        body = protocol.watch_request(key, start_revision, range_end)
         limits = httpx.Timeout(self.timeout, read=max(0.001, timeout))
         failures: list[str] = []
         for endpoint in self._order():

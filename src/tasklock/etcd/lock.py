@@ -1,12 +1,16 @@
 """The etcd lock: a lease and a key created only if absent; the key's revision is the fence.
 
 * Acquire: grant a lease with the TTL (whole seconds, rounded up), then one transaction: if the
-  key's create revision is 0 (absent), put it with the holder's description on that lease, else
-  read it. The hold's fence is the transaction's revision, which is the key's create revision:
+  key's create revision is 0 (absent) and no permit of a :class:`tasklock.etcd.Semaphore` of the
+  same name exists (no key in [``<name>:permit:``, ``<name>:permit;``), compared in the same
+  transaction), put it with the holder's description on that lease, else read it and count the
+  permits. The hold's fence is the transaction's revision, which is the key's create revision:
   etcd's store revision, strictly increasing for every holder and kept across restarts.
-* A failed attempt revokes its lease. A waiter then watches the key for a delete from the
-  revision it read (so a release between its read and its watch is not missed), and re-checks
-  by itself only when the holder's lease would have run out.
+* A failed attempt revokes its lease. A waiter then watches the key (or, while permits hold the
+  name, the permit range) for a delete from the revision it read (so a release between its read
+  and its watch is not missed), and re-checks by itself only when the holder's lease would have
+  run out.
+* ``locked()`` and ``peek()`` see the permits of a semaphore of the same name as holders too.
 * Release: delete the key only while it is on this hold's lease, then revoke the lease.
 * Renewal (watchdog, ``reacquire``) is a lease keep-alive; a lease that etcd no longer knows is
   a lost lock. ``extend`` moves the key to a new lease of the longer TTL (etcd cannot change a
@@ -79,7 +83,8 @@ class Lock(LockSteps[Client, BaseLock], BaseLock):
 
 
 class _WatchWaiter(WatchWaiter):
-    """Waits for the lock key's delete with a watch from the revision the last attempt read."""
+    """Waits for the lock key's delete (or a permit's, while a semaphore of the same name holds
+    permits) with a watch from the revision the last attempt read."""
 
     _lock: Lock
 
@@ -88,7 +93,9 @@ class _WatchWaiter(WatchWaiter):
         if target is None:
             return False
         try:
-            return self._lock.client.wait_for_delete(target.key, target.start, timeout)
+            return self._lock.client.wait_for_delete(
+                target.key, target.start, timeout, **target.options()
+            )
         except Exception:
             # No watch (etcd going away): back off for ``sleep``, then the next attempt says
             # what is wrong.

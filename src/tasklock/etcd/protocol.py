@@ -32,11 +32,18 @@ __all__ = [
     "b64",
     "error_from_reply",
     "holder_of",
+    "holders_of",
     "is_lease_not_found",
     "keepalive_ttl",
     "lease_id",
     "lease_ttl",
     "parse_endpoints",
+    "permit_count",
+    "permit_key",
+    "permit_range",
+    "permit_slots",
+    "permit_txn",
+    "read_txn",
     "release_txn",
     "reply_revision",
     "swap_lease_txn",
@@ -151,14 +158,68 @@ def lease_ttl(seconds: float) -> int:
 
 
 # -- requests ----------------------------------------------------------------------------------
+def permit_range(key: bytes) -> tuple[bytes, bytes]:
+    """The range [start, end) that holds the permits of a semaphore named ``key``: every key
+    ``<name>:permit:<i>`` (``;`` is the byte after ``:``, so the range ends right after them)."""
+    return key + b":permit:", key + b":permit;"
+
+
+def permit_key(key: bytes, slot: int) -> bytes:
+    """Permit ``slot`` (0 <= slot < limit) of the semaphore named ``key``."""
+    return b"%s:permit:%d" % (key, slot)
+
+
+def _absent(key: bytes, range_end: bytes | None = None) -> dict[str, Any]:
+    """Compare: no key at ``key`` (or none in [key, range_end)). etcd compares every key of a
+    range, and an empty range as one zero KeyValue, whose create revision is 0."""
+    compare = {"target": "CREATE", "key": b64(key), "result": "EQUAL", "create_revision": "0"}
+    if range_end is not None:
+        compare["range_end"] = b64(range_end)
+    return compare
+
+
+def _range(
+    key: bytes, range_end: bytes | None = None, *, count_only: bool = False, keys_only: bool = False
+) -> dict[str, Any]:
+    request: dict[str, Any] = {"key": b64(key)}
+    if range_end is not None:
+        request["range_end"] = b64(range_end)
+    if count_only:
+        request["count_only"] = True
+    if keys_only:
+        request["keys_only"] = True
+    return {"request_range": request}
+
+
 def acquire_txn(key: bytes, value: bytes, lease: int) -> dict[str, Any]:
-    """Create ``key`` with ``value`` on ``lease`` if it does not exist; else read it."""
-    k = b64(key)
+    """Create ``key`` with ``value`` on ``lease`` if neither it nor any permit of a semaphore of
+    the same name exists; else read it (and count the permits: a waiter then watches them)."""
+    permits = permit_range(key)
     return {
-        "compare": [{"target": "CREATE", "key": k, "result": "EQUAL", "create_revision": "0"}],
-        "success": [{"request_put": {"key": k, "value": b64(value), "lease": str(lease)}}],
-        "failure": [{"request_range": {"key": k}}],
+        "compare": [_absent(key), _absent(*permits)],
+        "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}}],
+        "failure": [_range(key), _range(*permits, count_only=True)],
     }
+
+
+def permit_txn(key: bytes, slot: int, value: bytes, lease: int) -> dict[str, Any]:
+    """Create permit ``slot`` of the semaphore ``key`` with ``value`` on ``lease`` if it is free
+    and no lock of the same name is held; else count the lock key and list the permits' keys
+    (so the next try picks a free slot)."""
+    permit = permit_key(key, slot)
+    return {
+        "compare": [_absent(key), _absent(permit)],
+        "success": [
+            {"request_put": {"key": b64(permit), "value": b64(value), "lease": str(lease)}}
+        ],
+        "failure": [_range(key, count_only=True), _range(*permit_range(key), keys_only=True)],
+    }
+
+
+def read_txn(key: bytes) -> dict[str, Any]:
+    """Read the lock key and every permit of the name in one revision (a read-only txn with no
+    compare: served as a linearizable read, not a Raft write)."""
+    return {"success": [_range(key), _range(*permit_range(key))]}
 
 
 def release_txn(key: bytes, lease: int) -> dict[str, Any]:
@@ -180,15 +241,15 @@ def swap_lease_txn(key: bytes, value: bytes, old: int, new: int) -> dict[str, An
     }
 
 
-def watch_request(key: bytes, start_revision: int) -> dict[str, Any]:
-    """Watch ``key`` for deletes from ``start_revision`` on (puts are filtered out)."""
-    return {
-        "create_request": {
-            "key": b64(key),
-            "start_revision": str(start_revision),
-            "filters": ["NOPUT"],
-        }
-    }
+def watch_request(
+    key: bytes, start_revision: int, range_end: bytes | None = None
+) -> dict[str, Any]:
+    """Watch ``key`` (or the range [key, range_end)) for deletes from ``start_revision`` on
+    (puts are filtered out)."""
+    request = {"key": b64(key), "start_revision": str(start_revision), "filters": ["NOPUT"]}
+    if range_end is not None:
+        request["range_end"] = b64(range_end)
+    return {"create_request": request}
 
 
 # -- replies -----------------------------------------------------------------------------------
@@ -214,6 +275,7 @@ class Holder:
     value: bytes
     lease: int
     create_revision: int
+    key: bytes = b""
 
 
 def holder_of(reply: dict[str, Any]) -> Holder | None:
@@ -226,8 +288,48 @@ def holder_of(reply: dict[str, Any]) -> Holder | None:
     kvs = reply.get("kvs") or []
     if not kvs:
         return None
-    kv = kvs[0]
-    return Holder(_unb64(kv.get("value")), int(kv.get("lease", 0)), int(kv["create_revision"]))
+    return _holder(kvs[0])
+
+
+def _holder(kv: dict[str, Any]) -> Holder:
+    return Holder(
+        _unb64(kv.get("value")),
+        int(kv.get("lease", 0)),
+        int(kv["create_revision"]),
+        _unb64(kv.get("key")),
+    )
+
+
+def _ranges(reply: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two range replies of a txn that read the lock key then the permits ({}: none)."""
+    found = [r["response_range"] for r in reply.get("responses", []) if "response_range" in r]
+    found += [{}, {}]
+    return found[0], found[1]
+
+
+def holders_of(reply: dict[str, Any]) -> tuple[Holder | None, list[Holder]]:
+    """A :func:`read_txn` reply: the lock key's holder (or None) and the permits' holders."""
+    lock, permits = _ranges(reply)
+    kvs = lock.get("kvs") or []
+    return (_holder(kvs[0]) if kvs else None), [_holder(kv) for kv in permits.get("kvs") or []]
+
+
+def permit_count(reply: dict[str, Any]) -> int:
+    """How many permits a failed :func:`acquire_txn` counted."""
+    return int(_ranges(reply)[1].get("count", 0))
+
+
+def permit_slots(reply: dict[str, Any], key: bytes) -> tuple[bool, set[int]]:
+    """A failed :func:`permit_txn`: whether the lock key is held, and the permit slots taken.
+    Keys in the range that are not a slot number (written by something else) are skipped."""
+    lock, permits = _ranges(reply)
+    start = len(permit_range(key)[0])
+    slots: set[int] = set()
+    for kv in permits.get("kvs") or []:
+        suffix = _unb64(kv.get("key"))[start:]
+        if suffix.isdigit() and len(suffix) < 10:
+            slots.add(int(suffix))
+    return int(lock.get("count", 0)) > 0, slots
 
 
 def watch_woken(line: bytes) -> bool | None:

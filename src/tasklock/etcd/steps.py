@@ -125,6 +125,10 @@ class WatchTarget:
     start: int
     range_end: bytes | None = None
 
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of ``wait_for_delete`` beyond (key, start, timeout)."""
+        return {} if self.range_end is None else {"range_end": self.range_end}
+
 
 class LockSteps(LeaseCore, Generic[C, L]):
     """The etcd lock's state and steps, shared by the sync and the asyncio lock.
@@ -212,8 +216,13 @@ class LockSteps(LeaseCore, Generic[C, L]):
         yield Revoke(lease, self._acquiring)
         holder_ttl: float | None = None
         if waiting:
-            self._watch_from[token] = WatchTarget(self._key, revision + 1)
             holder = protocol.holder_of(reply)
+            if holder is None and protocol.permit_count(reply):
+                # A semaphore of the same name holds permits: wait for one of them to go.
+                start, end = protocol.permit_range(self._key)
+                self._watch_from[token] = WatchTarget(start, revision + 1, end)
+            else:
+                self._watch_from[token] = WatchTarget(self._key, revision + 1)
             if holder is not None and holder.lease:
                 holder_ttl = yield from self._lease_left_steps(holder.lease)
         return Attempt(False, holder_ttl=holder_ttl)
@@ -301,9 +310,28 @@ class LockSteps(LeaseCore, Generic[C, L]):
         reply = yield Call(protocol.RANGE, {"key": protocol.b64(key)}, what)
         return protocol.holder_of(reply)
 
+    def _state_steps(self) -> Steps[tuple[protocol.Holder | None, list[protocol.Holder]]]:
+        """Who holds the name: the lock key's holder, and the permits of a semaphore of the same
+        name (a deployment may move a name between the two), read in one revision."""
+        what = f"reading {self._kind} {self.name!r}"
+        return protocol.holders_of((yield Call(protocol.TXN, protocol.read_txn(self._key), what)))
+
     def _locked_steps(self) -> Steps[bool]:
-        holder = yield from self._read_steps(self._key)
-        return holder is not None
+        """Held by anyone: the lock key, or any permit of a semaphore of the same name."""
+        lock, permits = yield from self._state_steps()
+        return lock is not None or bool(permits)
+
+    def _holders_steps(self) -> Steps[list[tuple[bytes, int]]]:
+        """Every holder of the name as (stored value, ms left), the first to free first (-1: a
+        key on no lease, or one whose lease etcd no longer knows, last)."""
+        lock, permits = yield from self._state_steps()
+        found: list[tuple[bytes, int]] = []
+        for holder in ([lock] if lock is not None else []) + permits:
+            left = (yield from self._lease_left_steps(holder.lease)) if holder.lease else None
+            value = holder.value + b"#%d" % holder.create_revision
+            found.append((value, int(left * 1000) if left is not None else -1))
+        found.sort(key=lambda item: item[1] if item[1] >= 0 else float("inf"))
+        return found
 
     def _stored_value_is_steps(self, value: bytes) -> Steps[bool]:
         """Whether ``value``'s hold still has its key, on its lease."""
@@ -318,12 +346,11 @@ class LockSteps(LeaseCore, Generic[C, L]):
         )
 
     def _peek_steps(self) -> Steps[tuple[bytes | None, int | None]]:
-        holder = yield from self._read_steps(self._key)
-        if holder is None:
+        """The holder that frees first (a lock has one; a semaphore's permits may be several)."""
+        holders = yield from self._holders_steps()
+        if not holders:
             return None, None
-        value = holder.value + b"#%d" % holder.create_revision
-        left = (yield from self._lease_left_steps(holder.lease)) if holder.lease else None
-        return value, (int(left * 1000) if left is not None else -1)
+        return holders[0]
 
 
 class WatchWaiter:
