@@ -6,8 +6,10 @@ task names, and an extra key in every acquire script would tax every lock, task 
 each process adds its counts up in memory (fed by :mod:`tasklock.stats`'s sink: a dict update
 under a lock, no I/O) and a daemon thread writes them every :data:`FLUSH_INTERVAL` seconds in
 one pipelined round trip per Redis. The task's own path gains no round trip. Processes that end
-without their thread getting a turn flush on the way out: at exit, at the end of each RQ job in
-a work horse (the horse leaves with ``os._exit``), and on Celery's ``worker_process_shutdown``.
+without their thread getting a turn flush on the way out: at exit, at the end of each RQ job (a
+work horse leaves with ``os._exit``, and this module may first be imported in the horse, after
+the fork: one pipelined round trip per job, beside the ten or so RQ makes), and on Celery's
+``worker_process_shutdown``.
 A count that could not be written (Redis unreachable) is kept and written with the next flush.
 
 Layout, per task name (bounded cardinality: never per call key), in the task's cluster slot::
@@ -46,7 +48,6 @@ __all__ = [
     "TOTALS_TTL",
     "bind",
     "flush",
-    "flush_if_forked",
     "merge",
     "read_counts",
     "registry_key",
@@ -115,7 +116,6 @@ class _Batcher:
         self.thread: threading.Thread | None = None
         self.pid = os.getpid()
         self.warned = False
-        self.forked = False
 
     def add(self, event: str, task: str, amount: int) -> None:
         fields = _EVENT_FIELDS.get(event)
@@ -190,7 +190,6 @@ class _Batcher:
         self.wake = threading.Event()
         self.thread = None
         self.pid = os.getpid()
-        self.forked = True
 
 
 def _write(
@@ -225,13 +224,6 @@ def bind(task: str, client: Any, prefix: str) -> None:
     if target is None or target[0] is not client or target[1] != prefix:
         with _batcher.lock:
             _batcher.targets[task] = (client, prefix)
-
-
-def flush_if_forked() -> None:
-    """:func:`flush` in a forked child (RQ's work horse, which leaves with ``os._exit`` and no
-    atexit); nothing in a process that was not forked (its thread writes in time)."""
-    if _batcher.forked:
-        flush()
 
 
 def flush() -> None:

@@ -236,7 +236,7 @@ class SingletonJob:
         try:
             return self._run_job(job, args, kwargs)
         finally:
-            fleet.flush_if_forked()  # a work horse leaves with os._exit: write its counts now
+            fleet.flush()  # a work horse leaves with os._exit: write its counts now
 
     def _run_job(self, job: Job, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         guard = self.guard

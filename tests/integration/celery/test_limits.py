@@ -17,6 +17,7 @@ import pytest
 import redis
 from celery.result import AsyncResult
 
+from tasklock import fleet
 from tasklock.celery import DUPLICATE
 from tasklock.core.keys import wake_channel
 from tests.integration.celery import limits_app
@@ -133,6 +134,15 @@ def test_limit_with_skip_skips_a_call_while_n_run(rc: redis.Redis, directory: Pa
     holds = holds_of(directory, "l.two_skip", "t2")
     assert len(holds) == 3
     assert assert_at_most(holds, 2) == 2
+    # The prefork children's counts, each written by its own process, add up in Redis.
+    assert len({hold.pid for hold in holds}) >= 2
+    expected = {"ran": 3, "duplicates": 1, "duplicates_skip": 1, "lost": 0, "backend_errors": 0}
+
+    def counted() -> dict[str, int]:
+        found = fleet.read_counts(rc).get("l.two_skip", {})
+        return found if all(found.get(k) == v for k, v in expected.items()) else {}
+
+    eventually(counted, timeout=30, what=f"fleet counts {expected} (have {counted()})")
 
 
 # -- dedupe_enqueue="until_start" ----------------------------------------------------------------

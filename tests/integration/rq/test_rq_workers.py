@@ -17,6 +17,7 @@ import redis
 from rq import Queue
 from rq.job import JobStatus
 
+from tasklock import fleet, stats
 from tasklock.core.owner import parse_value
 from tasklock.rq import META_KEY
 from tests.integration.rq import jobs
@@ -146,3 +147,24 @@ def test_retry_reschedules_the_same_job_through_the_scheduler(
         assert job.meta[META_KEY]["outcome"] == "ran"
         assert r.lrange("ran:patient", 0, -1) == [b"p"]
         assert not r.exists(jobs.patient.tasklock.guard.pending_key(("p",), {}))
+
+
+def test_counts_from_work_horses_add_up_in_redis(
+    r: redis.Redis, queue: Queue, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Each job runs in a work horse that leaves with os._exit: its counts are written before
+    that, so the fleet's counts in Redis have every run and every duplicate."""
+    holder = hold(r, jobs.settle, 70, "d")
+    try:
+        with rq_workers(redis_server.url, 2, tmp_path):
+            ran = [queue.enqueue(jobs.bare, f"fleet-{i}") for i in range(6)]
+            skipped = [jobs.settle.enqueue(queue, 70, "d") for _ in range(3)]
+            for job in ran + skipped:
+                assert wait_status(job, JobStatus.FINISHED, JobStatus.FAILED) is JobStatus.FINISHED
+            counts = fleet.read_counts(r)
+    finally:
+        holder.release()
+    bare, settle = counts[jobs.bare.tasklock.name], counts[jobs.settle.tasklock.name]
+    assert (bare["ran"], bare["duplicates"]) == (6, 0)
+    assert (settle["ran"], settle["duplicates"], settle["duplicates_skip"]) == (0, 3, 3)
+    assert stats.snapshot().get(f"ran:{jobs.bare.tasklock.name}", 0) == 0  # not this process's
