@@ -228,3 +228,40 @@ def test_urls_listing_etcd_members_is_one_etcd_cluster(url: str) -> None:
 def test_the_etcd_client_is_shared_per_url(url: str) -> None:
     assert backends.etcd_client(url) is backends.etcd_client(url)
     assert backends.etcd_markers(url) is backends.etcd_markers(url)
+
+
+def test_limit_runs_n_at_once_on_etcd_and_excludes_the_lock(url: str) -> None:
+    guard = guard_on(url, "app.limited", limit=2, fencing=True)
+    assert type(guard.lock_for("k")).__name__ == "Semaphore"
+    entered = [threading.Event(), threading.Event()]
+    finish = threading.Event()
+    fences: list[int] = []
+
+    def body(index: int) -> Any:
+        def held(extra: dict[str, Any]) -> str:
+            fences.append(int(extra["fence_token"]))
+            entered[index].set()
+            assert finish.wait(30)
+            return "held"
+
+        return held
+
+    threads = [
+        threading.Thread(target=run, args=(guard, (9,), body(i), f"holder-{i}")) for i in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        assert all(event.wait(10) for event in entered)  # two at once
+        skipped = run(guard, (9,), task_id="third")
+        assert skipped[0] == "skipped"
+        assert "task=holder-" in skipped[1].holder
+        # The same task moved to limit=1 (a rolling deployment): its Lock sees the permits.
+        assert run(guard_on(url, "app.limited", fencing=True), (9,))[0] == "skipped"
+    finally:
+        finish.set()
+        for thread in threads:
+            thread.join(10)
+    assert len(set(fences)) == 2
+    later = run(guard, (9,), lambda extra: extra["fence_token"], "last")
+    assert later > max(fences)
