@@ -18,6 +18,7 @@ from tasklock.errors import (
     LockLostError,
     LockNotOwnedError,
 )
+from tasklock.etcd import Semaphore
 from tasklock.etcd.protocol import b64
 from tests.integration.etcd.conftest import EtcdServer
 from tests.support.servers import free_port
@@ -39,15 +40,19 @@ class CountingClient(AsyncClient):
         super().__init__(endpoints)
         self.requests: Counter[str] = Counter()
         self.watching = asyncio.Event()
+        self.watched: tuple[bytes, bytes | None] | None = None
 
     async def raw(self, path: str, body: dict[str, Any], what: str) -> tuple[int, bytes, str]:
         self.requests[path] += 1
         return await super().raw(path, body, what)
 
-    async def wait_for_delete(self, key: bytes, start_revision: int, timeout: float) -> bool:
+    async def wait_for_delete(
+        self, key: bytes, start_revision: int, timeout: float, *, range_end: bytes | None = None
+    ) -> bool:
         self.requests["watch"] += 1
+        self.watched = (key, range_end)
         self.watching.set()
-        return await super().wait_for_delete(key, start_revision, timeout)
+        return await super().wait_for_delete(key, start_revision, timeout, range_end=range_end)
 
 
 async def test_acquire_release_and_context_manager(etcd: EtcdServer) -> None:
@@ -95,6 +100,26 @@ async def test_a_waiter_watches_and_is_woken_by_the_release(etcd: EtcdServer) ->
     assert client.requests["/v3/kv/range"] == 0
     await waiter.release()  # (thread_local=False: the hold is shared with this task)
     assert client.requests["/v3/kv/txn"] == 3 + 1
+
+
+async def test_permits_of_a_semaphore_of_the_same_name_keep_it_out(etcd: EtcdServer) -> None:
+    """The asyncio lock takes the same steps as the blocking one: a Semaphore's permits hold
+    the name, and a waiter watches them (the permit range) until the last one goes."""
+    name = lock_name()
+    sem = Semaphore(etcd.url, name, 2, timeout=60)
+    assert sem.acquire()
+    lock = Lock(etcd.url, name, timeout=10)
+    assert await lock.acquire(blocking=False) is False
+    assert await lock.locked()
+    client = CountingClient(etcd.url)
+    waiter = Lock(client, name, timeout=10, blocking_timeout=30, thread_local=False)
+    task = asyncio.create_task(waiter.acquire())
+    await asyncio.wait_for(client.watching.wait(), 10)
+    assert client.watched == (f"{name}:permit:".encode(), f"{name}:permit;".encode())
+    sem.release()
+    assert await asyncio.wait_for(task, 20), "the waiter was not woken by the permit's release"
+    assert not sem.acquire(blocking=False)
+    await waiter.release()
 
 
 async def test_non_blocking_and_blocking_timeout(etcd: EtcdServer) -> None:

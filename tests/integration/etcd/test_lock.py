@@ -50,10 +50,12 @@ class CountingClient(Client):
         self.requests[path] += 1
         return super().raw(path, body, what)
 
-    def wait_for_delete(self, key: bytes, start_revision: int, timeout: float) -> bool:
+    def wait_for_delete(
+        self, key: bytes, start_revision: int, timeout: float, *, range_end: bytes | None = None
+    ) -> bool:
         self.requests["watch"] += 1
         self.watching.set()
-        return super().wait_for_delete(key, start_revision, timeout)
+        return super().wait_for_delete(key, start_revision, timeout, range_end=range_end)
 
 
 def test_acquire_release_and_context_manager(etcd: EtcdServer) -> None:
