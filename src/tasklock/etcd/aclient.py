@@ -20,9 +20,10 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from tasklock.errors import BackendUnavailable, ConfigurationError
+from tasklock.errors import ConfigurationError
 from tasklock.etcd import protocol
-from tasklock.etcd.client import DEFAULT_TIMEOUT, unreachable
+from tasklock.etcd.client import DEFAULT_TIMEOUT
+from tasklock.etcd.routing import Endpoints
 
 try:
     import httpx
@@ -38,7 +39,7 @@ class AsyncClient:
     def __init__(self, endpoints: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.endpoints = protocol.parse_endpoints(endpoints)
         self.timeout = float(timeout)
-        self._current = 0
+        self._ring = Endpoints(self.endpoints)
         self._http: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
@@ -53,28 +54,23 @@ class AsyncClient:
             http = self._http[loop] = httpx.AsyncClient(timeout=self.timeout)
         return http
 
-    def _order(self) -> list[str]:
-        start = self._current
-        return self.endpoints[start:] + self.endpoints[:start]
-
     async def raw(self, path: str, body: dict[str, Any], what: str) -> tuple[int, bytes, str]:
         """POST ``body`` to ``path``: (status, body, endpoint) from the first endpoint that can
         be connected to."""
         http = self._client()
-        failures: list[str] = []
-        for endpoint in self._order():
+        route = self._ring.route(path, what)
+        for endpoint in route:
             try:
                 response = await http.post(endpoint + path, json=body)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                failures.append(f"{endpoint} ({exc or type(exc).__name__})")
+                route.refused(endpoint, exc)
                 continue
             except httpx.TransportError as exc:
-                raise BackendUnavailable(
-                    f"etcd at {endpoint} gave no answer while {what}: {exc or type(exc).__name__}"
-                ) from exc
-            self._current = self.endpoints.index(endpoint)
+                route.no_answer(endpoint, exc)  # raises unless the request is safe to repeat
+                continue
+            route.answered(endpoint)
             return response.status_code, response.content, endpoint
-        raise unreachable(what, failures)
+        raise route.exhausted()
 
     async def call(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
         """POST and parse; etcd's errors as tasklock errors."""
@@ -106,8 +102,8 @@ class AsyncClient:
         http = self._client()
         body = protocol.watch_request(key, start_revision, range_end)
         limits = httpx.Timeout(self.timeout, read=max(0.001, timeout))
-        failures: list[str] = []
-        for endpoint in self._order():
+        route = self._ring.route(protocol.WATCH, "watching a lock")
+        for endpoint in route:
             try:
                 async with http.stream(
                     "POST", endpoint + protocol.WATCH, json=body, timeout=limits
@@ -125,13 +121,11 @@ class AsyncClient:
             except httpx.ReadTimeout:
                 return False
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                failures.append(f"{endpoint} ({exc or type(exc).__name__})")
+                route.refused(endpoint, exc)
                 continue
             except httpx.TransportError as exc:
-                raise BackendUnavailable(
-                    f"etcd at {endpoint} dropped a watch: {exc or type(exc).__name__}"
-                ) from exc
-        raise unreachable("watching a lock", failures)
+                route.no_answer(endpoint, exc, watch=True)
+        raise route.exhausted()
 
     async def aclose(self) -> None:
         """Close this loop's connections (other loops' go with their loops)."""

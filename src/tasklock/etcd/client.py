@@ -16,8 +16,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from tasklock.errors import BackendUnavailable, ConfigurationError
+from tasklock.errors import ConfigurationError
 from tasklock.etcd import protocol
+from tasklock.etcd.routing import Endpoints, unreachable
 
 try:
     import httpx
@@ -30,21 +31,13 @@ __all__ = ["Client", "as_client", "unreachable"]
 DEFAULT_TIMEOUT = 5.0
 
 
-def unreachable(what: str, failures: list[str]) -> BackendUnavailable:
-    """The error when no endpoint could be connected to (shared with the asyncio client)."""
-    return BackendUnavailable(
-        f"etcd unreachable while {what}: {'; '.join(failures)}. Check that etcd runs and "
-        "listens on these client URLs"
-    )
-
-
 class Client:
     """A synchronous etcd v3 gateway client for tasklock (thread-safe, fork-aware)."""
 
     def __init__(self, endpoints: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.endpoints = protocol.parse_endpoints(endpoints)
         self.timeout = float(timeout)
-        self._current = 0
+        self._ring = Endpoints(self.endpoints)
         self._lock = threading.Lock()
         self._http: httpx.Client | None = None
         self._pid = os.getpid()
@@ -64,31 +57,23 @@ class Client:
         assert http is not None
         return http
 
-    def _order(self) -> list[str]:
-        start = self._current
-        return self.endpoints[start:] + self.endpoints[:start]
-
-    def _unreachable(self, what: str, failures: list[str]) -> BackendUnavailable:
-        return unreachable(what, failures)
-
     def raw(self, path: str, body: dict[str, Any], what: str) -> tuple[int, bytes, str]:
         """POST ``body`` to ``path``: (status, body, endpoint) from the first endpoint that can
         be connected to."""
         http = self._client()
-        failures: list[str] = []
-        for endpoint in self._order():
+        route = self._ring.route(path, what)
+        for endpoint in route:
             try:
                 response = http.post(endpoint + path, json=body)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                failures.append(f"{endpoint} ({exc or type(exc).__name__})")
+                route.refused(endpoint, exc)
                 continue
             except httpx.TransportError as exc:
-                raise BackendUnavailable(
-                    f"etcd at {endpoint} gave no answer while {what}: {exc or type(exc).__name__}"
-                ) from exc
-            self._current = self.endpoints.index(endpoint)
+                route.no_answer(endpoint, exc)  # raises unless the request is safe to repeat
+                continue
+            route.answered(endpoint)
             return response.status_code, response.content, endpoint
-        raise self._unreachable(what, failures)
+        raise route.exhausted()
 
     def call(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
         """POST and parse; etcd's errors as tasklock errors."""
@@ -120,8 +105,8 @@ class Client:
         http = self._client()
         body = protocol.watch_request(key, start_revision, range_end)
         limits = httpx.Timeout(self.timeout, read=max(0.001, timeout))
-        failures: list[str] = []
-        for endpoint in self._order():
+        route = self._ring.route(protocol.WATCH, "watching a lock")
+        for endpoint in route:
             try:
                 with http.stream("POST", endpoint + protocol.WATCH, json=body, timeout=limits) as r:
                     if r.status_code >= 300:
@@ -137,13 +122,11 @@ class Client:
             except httpx.ReadTimeout:
                 return False
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                failures.append(f"{endpoint} ({exc or type(exc).__name__})")
+                route.refused(endpoint, exc)
                 continue
             except httpx.TransportError as exc:
-                raise BackendUnavailable(
-                    f"etcd at {endpoint} dropped a watch: {exc or type(exc).__name__}"
-                ) from exc
-        raise self._unreachable("watching a lock", failures)
+                route.no_answer(endpoint, exc, watch=True)
+        raise route.exhausted()
 
     def close(self) -> None:
         with self._lock:

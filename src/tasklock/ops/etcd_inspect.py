@@ -254,7 +254,10 @@ class EtcdStore:
             status, content, endpoint = self.client.raw(path, body, what)
         except BackendUnavailable as exc:
             text = str(exc).rstrip(".")
-            hint = "" if "unreachable" in text else "; is it etcd's client port (etcd >= 3.4)?"
+            # Refused everywhere: nothing listens. Accepted and no answer: something that is
+            # not etcd's gateway (a Redis port resets the connection), or a stalled member.
+            refused = "unreachable" in text and "no answer" not in text
+            hint = "" if refused else "; is it etcd's client port (etcd >= 3.4)?"
             raise BackendUnavailable(f"{self.option}={self.where!r}: {text}{hint}") from None
         try:
             reply = json.loads(content)
