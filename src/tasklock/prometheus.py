@@ -171,7 +171,7 @@ class Collector:
                 log.warning("tasklock exporter: could not read Redis (tasklock_up 0): %s", exc)
         else:
             families.extend(_count_families(counts))
-            families.extend(_hold_families(holds, time.time()))
+            families.extend(_hold_families(holds, counts, time.time()))
             with self._lock:
                 if self._failing:
                     log.info("tasklock exporter: Redis answers again (tasklock_up 1)")
@@ -241,8 +241,12 @@ def _count_families(counts: dict[str, dict[str, int]]) -> Iterator[Metric]:
     yield waited
 
 
-def _hold_families(holds: dict[tuple[str, str], LockInfo], now: float) -> Iterator[Metric]:
-    held: dict[str, int] = {}
+def _hold_families(
+    holds: dict[tuple[str, str], LockInfo], counts: dict[str, dict[str, int]], now: float
+) -> Iterator[Metric]:
+    # Every counted task has a held count, 0 when idle: a series that drops to 0 is plainer to
+    # graph and alert on than one that vanishes. An age exists only while something is held.
+    held = dict.fromkeys(counts, 0)
     oldest: dict[str, float] = {}
     for info in holds.values():
         task = info.task_name or ""

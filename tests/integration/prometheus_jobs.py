@@ -8,6 +8,8 @@ process itself is not.
   ``os._exit`` (no atexit: whatever they recorded must already be in their files).
 * :func:`timed`: an RQ job for a real ``rq worker``, whose work horses import this module (and
   so call :func:`instrument`) after the fork.
+* ``celery -A tests.integration.prometheus_jobs worker --pool=prefork``: the worker's parent
+  imports this module (and so calls :func:`instrument`) before it forks its pool's children.
 """
 
 from __future__ import annotations
@@ -26,13 +28,43 @@ instrument()  # at import, as the docs tell a tasks module to
 
 try:
     from tasklock.rq import singleton_job
-except ImportError:  # RQ not installed: only the prefork part is usable
+except ImportError:  # RQ not installed
     pass
 else:
 
     @singleton_job(ttl=30)
     def timed(n: int) -> int:
         return n
+
+
+try:
+    from celery import Celery
+    from celery.signals import worker_process_shutdown
+    from prometheus_client import multiprocess
+
+    from tasklock.celery import singleton_task
+except ImportError:  # Celery not installed
+    pass
+else:
+    #: Broker, results and locks: the test's redis-server, given in the worker's environment.
+    URL = os.environ.get("TL_PROM_URL", "redis://127.0.0.1:1/0")
+    app = Celery("tl_prom", broker=URL, backend=URL)
+    app.conf.update(
+        broker_connection_retry_on_startup=True,
+        task_default_queue="tl_prom",
+        worker_prefetch_multiplier=1,
+        result_expires=600,
+        tasklock_url=URL,
+    )
+
+    @singleton_task(app=app, name="prom.celery_timed")
+    def celery_timed(n: int) -> int:
+        return os.getpid()
+
+    @worker_process_shutdown.connect
+    def _dead(pid: int | None = None, **kwargs: Any) -> None:
+        """As the module docstring of tasklock.prometheus tells Celery users to."""
+        multiprocess.mark_process_dead(pid or os.getpid())  # type: ignore[no-untyped-call]
 
 
 def settle(account_id: int) -> str:

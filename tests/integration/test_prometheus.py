@@ -139,7 +139,8 @@ def test_fleet_counts_parse_and_add_up(r: redis.Redis, redis_server: RedisServer
     # Labels are task names (and outcomes), never a call's key.
     labels = {dict(key[1]).get("task") for key in samples if dict(key[1]).get("task")}
     assert labels == {"prom.skip", "prom.retry", "prom.wait"}
-    assert value(samples, "tasklock_held_locks", task="prom.skip") is None  # all released
+    assert value(samples, "tasklock_held_locks", task="prom.skip") == 0  # all released
+    assert value(samples, "tasklock_oldest_hold_age_seconds", task="prom.skip") is None
 
 
 def test_held_locks_and_the_oldest_hold_age(r: redis.Redis, redis_server: RedisServer) -> None:
@@ -148,6 +149,8 @@ def test_held_locks_and_the_oldest_hold_age(r: redis.Redis, redis_server: RedisS
     # One written as a holder on a host whose hold began two minutes ago, and a plain lock.
     meta = {"host": "web-1", "pid": 42, "at": time.time() - 120, "name": "prom.old"}
     r.set("tasklock:{prom.old}:lock:abc", f"{'0' * 32} {json.dumps(meta)}#7", px=60_000)
+    ahead = {"host": "web-2", "pid": 44, "at": time.time() + 3600, "name": "prom.ahead"}
+    r.set("tasklock:{prom.ahead}:lock:abc", f"{'2' * 32} {json.dumps(ahead)}#9", px=60_000)
     plain = {"host": "web-1", "pid": 43, "at": time.time()}
     r.set("report", f"{'1' * 32} {json.dumps(plain)}#8", px=60_000)
     try:
@@ -160,12 +163,17 @@ def test_held_locks_and_the_oldest_hold_age(r: redis.Redis, redis_server: RedisS
     assert value(samples, "tasklock_held_locks", task="prom.old") == 1
     assert value(samples, "tasklock_held_locks", task="") == 1  # not held by the task layer
     assert (value(samples, "tasklock_oldest_hold_age_seconds", task="prom.old") or 0) >= 120
-    assert (value(samples, "tasklock_oldest_hold_age_seconds", task="prom.held") or -1) >= 0
+    age = value(samples, "tasklock_oldest_hold_age_seconds", task="prom.held")
+    assert age is not None
+    assert age >= 0  # "at" is rounded to the millisecond, maybe up: clamped, never negative
+    # A holder whose clock is ahead of this host's: an age of 0, not a negative one.
+    assert value(samples, "tasklock_oldest_hold_age_seconds", task="prom.ahead") == 0
     assert value(narrowed, "tasklock_held_locks", task="") is None
     assert value(narrowed, "tasklock_held_locks", task="prom.held") == 2
-    assert (
-        value(scrape(Collector(redis_server.url)), "tasklock_held_locks", task="prom.held") is None
-    )
+    fleet.flush()
+    after = scrape(Collector(redis_server.url))
+    assert value(after, "tasklock_held_locks", task="prom.held") == 0  # released, still counted
+    assert value(after, "tasklock_oldest_hold_age_seconds", task="prom.held") is None
 
 
 def test_a_semaphores_permits_are_holds(r: redis.Redis, redis_server: RedisServer) -> None:
@@ -383,3 +391,36 @@ def test_histograms_from_rq_work_horses(
     task = "tests.integration.prometheus_jobs.timed"
     assert value(samples, "tasklock_hold_seconds_count", task=task) == 4
     assert len(list(directory.glob("histogram_*.db"))) >= 2  # one horse per job, at least two
+
+
+@pytest.mark.slow
+def test_histograms_from_celery_prefork_children(
+    r: redis.Redis, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A real ``celery worker --pool=prefork``: the parent imports the tasks module (and so calls
+    instrument()) and forks its children, which run the tasks and record into their own files."""
+    pytest.importorskip("celery")
+    from celery import Celery
+
+    from tests.integration.celery.support import WorkerProcess
+
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(directory), "TL_PROM_URL": redis_server.url}
+    app = Celery("tl_prom_client", broker=redis_server.url, backend=redis_server.url)
+    app.conf.update(task_default_queue="tl_prom", broker_connection_retry_on_startup=True)
+    worker = WorkerProcess(
+        "tests.integration.prometheus_jobs", env, tmp_path / "worker.log", concurrency=2
+    )
+    worker.start(app)
+    try:
+        results = [app.send_task("prom.celery_timed", args=(n,)) for n in range(6)]
+        pids = {result.get(timeout=30) for result in results}
+    finally:
+        worker.stop()
+    samples = multiprocess_samples(directory)
+    assert value(samples, "tasklock_hold_seconds_count", task="prom.celery_timed") == 6
+    count = "tasklock_acquire_wait_seconds_count"
+    assert value(samples, count, task="prom.celery_timed", outcome="acquired") == 6
+    written = {path.stem.rsplit("_", 1)[-1] for path in directory.glob("histogram_*.db")}
+    assert {str(pid) for pid in pids} <= written  # the children's own files
