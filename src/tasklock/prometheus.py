@@ -44,9 +44,13 @@ samples to files in a shared directory, and whoever serves the metrics sums them
 
        registry = CollectorRegistry()
        MultiProcessCollector(registry)
+       registry.register(Collector("redis://localhost:6379/0"))  # optional: reads Redis
        start_http_server(9465, registry=registry)
 
-4. Celery: mark children that ended, so their live gauges go (histograms are kept and summed)::
+   Not prometheus_client's default registry: in multiprocess mode it holds only the serving
+   process's own samples.
+4. Celery: mark children that ended, so their live gauges go (histograms are kept and summed).
+   RQ needs nothing more (a horse's files simply stay)::
 
        from celery.signals import worker_process_shutdown
        from prometheus_client import multiprocess
