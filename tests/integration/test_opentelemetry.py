@@ -279,6 +279,28 @@ def test_an_unreachable_store_is_an_error_or_an_unlocked_hold(
         fleet.bind(task, r, "tasklock")
 
 
+def test_an_interrupted_acquire_is_an_error(
+    r: redis.Redis, redis_server: RedisServer, traces: Traces, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception that lands during the acquire (a time limit, Ctrl-C) fails the acquire span."""
+
+    class Interrupt(BaseException):
+        pass
+
+    guard = Guard(settle, "otel.interrupted", {"url": redis_server.url})
+
+    def interrupted(key: str, task_id: str | None) -> Any:
+        raise Interrupt
+
+    monkeypatch.setattr(guard, "lock_for", interrupted)
+    with pytest.raises(Interrupt):
+        run(guard, (1,))
+    acquire = traces.one(tl_otel.ACQUIRE_SPAN)
+    assert (acquire.attributes or {})["tasklock.outcome"] == "interrupted"
+    assert acquire.status.status_code is StatusCode.ERROR
+    assert traces.spans(tl_otel.HOLD_SPAN) == []
+
+
 def test_instrument_is_idempotent_and_uninstrument_stops_the_spans(
     r: redis.Redis, redis_server: RedisServer, traces: Traces
 ) -> None:
