@@ -48,6 +48,7 @@ __all__ = [
     "TOTALS_TTL",
     "bind",
     "flush",
+    "forget",
     "merge",
     "read_counts",
     "registry_key",
@@ -224,6 +225,16 @@ def bind(task: str, client: Any, prefix: str) -> None:
     if target is None or target[0] is not client or target[1] != prefix:
         with _batcher.lock:
             _batcher.targets[task] = (client, prefix)
+
+
+def forget() -> None:
+    """Drop this process's unwritten counts and where each task's go (tests: a module's servers
+    are gone once it ends, and counts bound for them would be retried, and warned about, for
+    as long as the process lives)."""
+    with _batcher.lock:
+        _batcher.pending = {}
+        _batcher.targets = {}
+        _batcher.warned = False
 
 
 def flush() -> None:
