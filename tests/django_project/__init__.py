@@ -32,3 +32,22 @@ def setup() -> None:
             "Django tests need tests.django_project.settings"
         )
     django.setup()
+    _migrate_default()
+
+
+_migrated = False
+
+
+def _migrate_default() -> None:
+    """Migrate the in-memory ``default`` database, once per process.
+
+    The admin's users, sessions and permissions live there. It must exist before any other
+    alias is migrated, too: django-rq's permission migration reads content types through the
+    default database whatever alias it runs on.
+    """
+    global _migrated
+    if not _migrated:
+        from django.core.management import call_command
+
+        call_command("migrate", run_syncdb=True, verbosity=0)
+        _migrated = True

@@ -13,11 +13,42 @@ from typing import Any
 SECRET_KEY = "tasklock-tests-only"
 DEBUG = False
 USE_TZ = True
+# The admin and what it needs, for tasklock's admin page of held locks (test_django_admin*.py).
 INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_rq",
     "tasklock.django",
     "tests.django_project.shop",
 ]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+ROOT_URLCONF = "tests.django_project.urls"
+STATIC_URL = "/static/"
+# The test client's host, and the live server's for the browser test.
+ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 RQ_QUEUES: dict[str, Any] = {}

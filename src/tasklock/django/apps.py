@@ -11,10 +11,13 @@ from django.core import checks
 class TaskLockConfig(AppConfig):
     """``INSTALLED_APPS += ["tasklock.django"]``.
 
-    One model, :class:`tasklock.django.models.Fence` (table ``tasklock_fence``), and its
+    Two models. :class:`tasklock.django.models.Fence` (table ``tasklock_fence``) and its
     migration: ``manage.py migrate`` creates the table that ``fence()`` writes. A project that
     fences only with ``fenced_update`` (a column on its own rows) or not at all may leave the table
-    empty; ``manage.py tasklock_prune_fences`` deletes old rows.
+    empty; ``manage.py tasklock_prune_fences`` deletes old rows. And
+    :class:`tasklock.django.models.HeldLock`, which has no table: with ``django.contrib.admin``
+    installed it carries the admin page of held locks (:mod:`tasklock.django.admin`, found by
+    the admin's autodiscovery) and its ``view_locks`` and ``release_locks`` permissions.
     """
 
     name = "tasklock.django"
