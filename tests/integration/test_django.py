@@ -27,7 +27,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from tasklock import backends, config
+from tasklock import backends, config, fleet
 from tasklock.errors import ConfigurationError, DuplicateTask
 from tasklock.guard import Guard
 from tests.django_project.settings import redis_settings
@@ -459,7 +459,10 @@ def test_celery_task_takes_every_option_from_tasklock(
     assert 0 < ttl_left <= 20_000  # TASKLOCK["TTL"] = 20, not the default 30
     assert project_redis.lrange("shop:settle:started", 0, -1) == []  # the twin never started
     assert not project_redis.exists(key)
-    assert redis_server.client(db=0).keys("shop:*") == []  # TASKLOCK's URL, not the broker's
+    fleet.flush()  # its counts too go to TASKLOCK's URL, not the broker's
+    # (Earlier tests of this module lock other tasks on db 0 on purpose.)
+    assert redis_server.client(db=0).keys("shop:{tests.django_project.shop.tasks.settle}:*") == []
+    assert project_redis.exists("shop:{tests.django_project.shop.tasks.settle}:stats")
 
 
 def test_django_rq_job_takes_every_option_from_tasklock(
