@@ -5,7 +5,8 @@ Set-up, in the project's settings module::
     INSTALLED_APPS += ["tasklock.django"]
 
     TASKLOCK = {
-        "URL": "redis://localhost:6379/0",   # or "URLS": [three or five masters] for Redlock
+        "URL": "redis://localhost:6379/0",   # or "URLS": [three or five masters] for Redlock,
+                                             # or "etcd://etcd1:2379,etcd2:2379,etcd3:2379"
         "TTL": 30,                           # seconds; the watchdog renews it while a task runs
         "ON_DUPLICATE": "skip",              # "skip" | "raise" | "retry" | "wait"
         "KEY_PREFIX": "myproject",
@@ -29,7 +30,11 @@ defaults). Installing the app adds what a Django project expects on top:
   transaction, and raises :class:`tasklock.StaleFence` (rolling the block back) when a newer
   token has written already; ``fenced_update(queryset, token, **values)`` does the same with a
   fence column on the row itself. The app's model and migration create the fence table
-  (``manage.py migrate``); ``manage.py tasklock_prune_fences --older-than SECONDS`` prunes it.
+  (``manage.py migrate``); ``manage.py tasklock_prune_fences --older-than SECONDS`` prunes it;
+* with ``django.contrib.admin``, a **Held locks** admin page (:mod:`tasklock.django.admin`):
+  who holds what (Redis or etcd), a force-release that deletes only the value shown, and the
+  fleet counts per task; staff only, permissions ``tasklock.view_locks`` and
+  ``tasklock.release_locks``.
 
 System checks do not run under ``celery worker`` or ``rq worker``, so the same validation runs
 when a task first reads the setting and raises ``ImproperlyConfigured`` there.
