@@ -9,15 +9,22 @@ any other a Redis. The commands are written once against :class:`tasklock.ops.st
 their text, ``--json``, confirmations and exit codes are the same on both, and scripts work on
 either (on etcd the fence is the key's create revision; ``show`` says there is no counter).
 
+Several Redis nodes: ``ls`` on a ``redis+cluster://`` URL lists every master's keys. With
+``--urls`` (Redlock's masters) ``ls`` reads every master and shows each lock value once with the
+masters holding it (NODES ``3/5``; JSON ``nodes``), and ``stats`` sums every master's counts
+(:mod:`tasklock.ops.masters`, :mod:`tasklock.ops.fleet_view`). A master that does not answer is
+named on stderr, the others are still shown, and the exit status is 1.
+
 This module is the argument layer only: it resolves URLs, calls :mod:`tasklock.ops` and prints.
 Exit status: 0 success, 1 failure (server unreachable, lock not found, doctor found a problem),
 2 usage error (bad option, bad URL, a URL naming a server that is not etcd, ``release`` without
-``--force``, or of a semaphore without ``--fence``/``--token``). Expected errors are one line
-on stderr saying what is wrong and what to do; no tracebacks.
+``--force``, or of a semaphore without ``--fence``/``--token``, ``stats`` or ``exporter`` of an
+etcd URL, ``exporter`` without prometheus_client). Expected errors are one line on stderr saying
+what is wrong and what to do; no tracebacks.
 
-URLs: ``--url`` (``--urls`` for ``doctor``), else ``$TASKLOCK_URL`` (``$TASKLOCK_URLS``,
-comma-separated, for ``doctor``; an etcd URL there is one cluster, its hosts comma-separated),
-else ``redis://localhost:6379/0``.
+URLs: ``--url`` or ``--urls`` (``ls``, ``stats``, ``doctor``, ``exporter``), else
+``$TASKLOCK_URLS`` (comma-separated; an etcd URL there is one cluster, its hosts comma-separated)
+for those commands, else ``$TASKLOCK_URL``, else ``redis://localhost:6379/0``.
 
 Keys: ``ls`` prints each key as one line of printable text (backslash escapes for bytes that are
 not UTF-8, newlines and other characters that do not print: see
@@ -33,11 +40,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import redis.exceptions as redis_errors
@@ -45,7 +51,11 @@ import redis.exceptions as redis_errors
 from tasklock.core.base import DEFAULT_TTL
 from tasklock.core.urls import validate_url
 from tasklock.errors import BackendUnavailable, ConfigurationError
+from tasklock.ops.exporter import serve_exporter
+from tasklock.ops.fleet_view import WINDOWS, read_fleet, stats_text
 from tasklock.ops.inspect import KeyState, LockInfo, key_from_text, key_text, printable
+from tasklock.ops.masters import list_across, masters_text
+from tasklock.ops.options import argv_bytes, fence_number, non_empty, port_number, positive_seconds
 from tasklock.ops.permits import find_permit
 from tasklock.ops.render import (
     holder_line,
@@ -53,14 +63,21 @@ from tasklock.ops.render import (
     lock_table,
     permit_list,
     semaphore_details,
+    with_fence_note,
 )
-from tasklock.ops.stores import Store, check_url, doctor_for, is_etcd_url, open_store
+from tasklock.ops.stores import (
+    DEFAULT_URL,
+    URL_ENV,
+    URLS_ENV,
+    Store,
+    backend_of,
+    doctor_for,
+    open_store,
+    resolve_url,
+    resolve_urls,
+)
 
 __all__ = ["DEFAULT_URL", "build_parser", "main"]
-
-DEFAULT_URL = "redis://localhost:6379/0"
-URL_ENV = "TASKLOCK_URL"
-URLS_ENV = "TASKLOCK_URLS"
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -73,52 +90,13 @@ class CommandFailed(Exception):
         self.code = code
 
 
-# --- URLs ---------------------------------------------------------------------------------------
-
-
-def resolve_url(given: str | None) -> tuple[str, str]:
-    """``(url, where it came from)``: ``--url``, else ``$TASKLOCK_URL``, else the default."""
-    if given is not None:
-        return check_url(given, "--url"), "--url"
-    env = os.environ.get(URL_ENV, "").strip()
-    if env:
-        return check_url(env, URL_ENV), URL_ENV
-    return DEFAULT_URL, "the default URL"
-
-
-def resolve_urls(url: str | None, urls: Sequence[str] | None) -> tuple[list[str], str]:
-    """Doctor's nodes and where they came from: ``--urls``, ``--url``, ``$TASKLOCK_URLS``, then
-    as for :func:`resolve_url`. An etcd URL lists its hosts after commas, so it is not split."""
-    if urls:
-        return [check_url(u, "--urls") for u in urls], "--urls"
-    if url is not None:
-        return [check_url(url, "--url")], "--url"
-    env = os.environ.get(URLS_ENV, "").strip()
-    if env:
-        listed = [env] if is_etcd_url(env) else [p.strip() for p in env.split(",") if p.strip()]
-        return [check_url(u, URLS_ENV) for u in listed], URLS_ENV
-    single, origin = resolve_url(None)
-    return [single], origin
-
-
 # --- keys ---------------------------------------------------------------------------------------
-
-
-def _argv_bytes(text: str) -> bytes:
-    """The bytes an argument was typed as. Python decodes argv with the locale's encoding and
-    ``surrogateescape``; ``os.fsencode`` undoes exactly that, whatever the locale. A string that
-    did not come from argv (``main([...])`` from Python) and does not fit the locale's encoding
-    is taken as UTF-8."""
-    try:
-        return os.fsencode(text)
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape")
 
 
 def key_argument(text: str) -> str:
     """The key a KEY argument names (``surrogateescape`` form): the form ``ls`` prints, or raw
     bytes. A malformed escape is a usage error saying how keys are written."""
-    typed = _argv_bytes(text).decode("utf-8", "surrogateescape")  # keys are UTF-8 + bytes
+    typed = argv_bytes(text).decode("utf-8", "surrogateescape")  # keys are UTF-8 + bytes
     try:
         return key_from_text(typed)
     except ValueError as exc:
@@ -137,10 +115,31 @@ def _store(args: argparse.Namespace) -> Store:
     return open_store(url, origin)
 
 
+def _warn(message: str) -> None:
+    print(f"tasklock: warning: {_LINE_BREAKS.sub(' ', message.strip())}", file=sys.stderr)
+
+
+def _masters_down(errors: dict[str, str], what: str) -> int:
+    """Name each master that did not answer on stderr; the exit status then is 1 (the output
+    shown is the other masters' only)."""
+    for url, why in errors.items():
+        _warn(f"master {url} did not answer; {what}. {why}")
+    return 1 if errors else 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
-    store = _store(args)
+    urls, origin = resolve_urls(args.url, args.urls)
     # The pattern is a SCAN glob (its backslashes escape * ? [), sent as the bytes typed.
-    locks = store.list_locks(_argv_bytes(args.match))
+    match = argv_bytes(args.match)
+    if len(urls) > 1:  # Redlock: every master read, one row per lock value and its masters
+        view = list_across(urls, origin, match)
+        if args.json:
+            print(json.dumps([entry.to_json() for entry in view.held], indent=2))
+        else:
+            print(masters_text(view, args.match))
+        return _masters_down(view.errors, "listing the other masters")
+    store = open_store(urls[0], origin)
+    locks = store.list_locks(match)
     if args.json:
         print(json.dumps([info.to_json() for info in locks], indent=2))
     elif not locks:
@@ -194,22 +193,6 @@ def _live_permits(store: Store, key: str) -> list[LockInfo]:
     return permits
 
 
-def _with_fence_note(details: str, key: str, note: str | None) -> str:
-    """``show``'s text with the store's word on fence counters (etcd has none) as the last row
-    of its ``name  value`` block (whose first row is ``key``), aligned with the rows above."""
-    if note is None:
-        return details
-    head, sep, tail = details.partition("\npermits, first to free first:")
-    rows = head.splitlines()
-    width = len(rows[0]) - len(key_text(key)) - 2
-    name = "fence counter"
-    if len(name) > width:
-        rows = [row[:width] + " " * (len(name) - width) + row[width:] for row in rows]
-        width = len(name)
-    rows.append(f"{name.ljust(width)}  {note}")
-    return "\n".join(rows) + sep + tail
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     key = key_argument(args.key)
     store = _store(args)
@@ -223,8 +206,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             semaphore["fence_counters"] = counters_json
             print(json.dumps(semaphore, indent=2))
         else:
-            details = semaphore_details(key, permits, counters, labels)
-            print(_with_fence_note(details, key, store.fence_note))
+            details = semaphore_details(key, permits, counters, labels, backend=backend_of(store))
+            print(with_fence_note(details, key, store.fence_note))
         return 0
     lock = _held_lock(state, store, args.key)
     counters, labels, counters_json = store.fence_counters(key)
@@ -234,7 +217,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
     else:
         details = lock_details(lock, counters, labels)
-        print(_with_fence_note(details, key, store.fence_note))
+        print(with_fence_note(details, key, store.fence_note))
     return 0
 
 
@@ -345,34 +328,6 @@ def _release_permit(store: Store, key: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def _fence_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a fence token (a number), got {text!r}"
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a fence token (>= 0), got {text!r}")
-    return value
-
-
-def _non_empty(text: str) -> str:
-    if not text:
-        raise argparse.ArgumentTypeError("must not be empty (use * for every key)")
-    return text
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
-    return value
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
     urls, origin = resolve_urls(args.url, args.urls)
     report, render = doctor_for(urls, origin, args.ttl)
@@ -381,6 +336,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(render(report, args.strict))
     return report.exit_code(args.strict)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    urls, origin = resolve_urls(args.url, args.urls)
+    result = read_fleet(urls, origin, args.prefix, args.window)
+    if args.json:
+        print(json.dumps(result.merged, indent=2, sort_keys=True))
+    else:
+        print(stats_text(result))
+    errors = {node.url: node.error for node in result.failed if node.error is not None}
+    return _masters_down(errors, "its counts are missing from the sum")
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    urls, origin = resolve_urls(args.url, args.urls)
+    try:
+        serve_exporter(urls, origin, args.port, args.addr, args.prefix)
+    except OSError as exc:  # the address is taken or not this host's
+        raise CommandFailed(f"cannot serve on {args.addr}:{args.port}: {exc}") from exc
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -412,6 +387,33 @@ def _add_url(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_nodes(parser: argparse.ArgumentParser) -> None:
+    """``--url``, or ``--urls`` for Redlock's masters (which these commands read all of)."""
+    nodes = parser.add_mutually_exclusive_group()
+    nodes.add_argument(
+        "--url",
+        metavar="URL",
+        help=f"one Redis (redis+cluster://h1,h2 for a cluster) or etcd://h1,h2 (default: "
+        f"${URLS_ENV} or ${URL_ENV}, else {DEFAULT_URL})",
+    )
+    nodes.add_argument(
+        "--urls",
+        nargs="+",
+        metavar="URL",
+        help="Redlock's masters, space- or comma-separated: every one is read",
+    )
+
+
+def _add_prefix(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prefix",
+        default="tasklock",
+        type=non_empty,
+        metavar="PREFIX",
+        help="the tasks' key prefix (their key_prefix option; default: tasklock)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tasklock",
@@ -419,12 +421,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    ls = sub.add_parser("ls", help="list held locks, newest first")
-    _add_url(ls)
+    ls = sub.add_parser(
+        "ls",
+        help="list held locks, newest first",
+        description="Every held lock and semaphore permit: of one Redis, of every master of a "
+        "Redis Cluster, or (--urls) of Redlock's masters, merged, with the masters holding each.",
+    )
+    _add_nodes(ls)
     ls.add_argument(
         "--match",
         default="*",
-        type=_non_empty,
+        type=non_empty,
         metavar="PATTERN",
         help="only keys matching this glob (SCAN MATCH syntax; default: *)",
     )
@@ -451,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     permit = release.add_mutually_exclusive_group()
     permit.add_argument(
         "--fence",
-        type=_fence_number,
+        type=fence_number,
         metavar="N",
         help="the permit (of a semaphore) or lock holding this fence token, as `ls` shows it",
     )
@@ -471,17 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
         "several nodes) clocks and duplicates. etcd: version, health, leader, members, a probe "
         "lock and that every endpoint is one cluster. Exit status 1 when a check fails.",
     )
-    nodes = doctor.add_mutually_exclusive_group()
-    nodes.add_argument(
-        "--url",
-        metavar="URL",
-        help=f"one Redis, or etcd://h1,h2,... (default: ${URLS_ENV} or ${URL_ENV}, else "
-        f"{DEFAULT_URL})",
-    )
-    nodes.add_argument("--urls", nargs="+", metavar="URL", help="the Redlock masters")
+    _add_nodes(doctor)
     doctor.add_argument(
         "--ttl",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=DEFAULT_TTL,
         metavar="SECONDS",
         help=f"lock TTL for the clock drift allowance (default: {DEFAULT_TTL:g})",
@@ -489,6 +489,46 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--strict", action="store_true", help="warnings also exit 1")
     doctor.add_argument("--json", action="store_true", help="print JSON for scripts")
     doctor.set_defaults(handler=cmd_doctor)
+
+    stats = sub.add_parser(
+        "stats",
+        help="the fleet's counts per task: ran, duplicates, waits, retries, lost, errors",
+        description="Counts every worker's task layer writes to Redis (within a second of each "
+        "decision). With --urls, every Redlock master is read and the counts summed.",
+    )
+    _add_nodes(stats)
+    stats.add_argument(
+        "--window",
+        choices=WINDOWS,
+        default="total",
+        help="total (default: since the counts began), or the last hour or day",
+    )
+    _add_prefix(stats)
+    stats.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON object keyed by task name, each an object of integer counts",
+    )
+    stats.set_defaults(handler=cmd_stats)
+
+    exporter = sub.add_parser(
+        "exporter",
+        help="serve the fleet's counts and held locks to Prometheus",
+        description="An HTTP /metrics endpoint for Prometheus, read from Redis at each scrape "
+        "(needs pip install 'tasklock[prometheus]'). Runs until Ctrl-C.",
+    )
+    _add_nodes(exporter)
+    exporter.add_argument(
+        "--port", type=port_number, required=True, metavar="N", help="the port to listen on"
+    )
+    exporter.add_argument(
+        "--addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address to listen on (default: 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    _add_prefix(exporter)
+    exporter.set_defaults(handler=cmd_exporter)
 
     demo = sub.add_parser(
         "demo",
@@ -533,7 +573,10 @@ def main(argv: list[str] | None = None) -> int:
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_usage(sys.stderr)
-        _error("a command is required: ls, show, release, doctor or demo (see tasklock --help)")
+        _error(
+            "a command is required: ls, show, release, stats, doctor, exporter or demo (see "
+            "tasklock --help)"
+        )
         return 2
     try:
         return handler(args)

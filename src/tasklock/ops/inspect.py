@@ -320,7 +320,20 @@ def _lock_info(key: bytes | str, value: Any, pttl: Any) -> LockInfo | None:
 
 def scan_pages(client: Any, match: str | bytes, kind: str = "string") -> Iterator[list[bytes]]:
     """Pages of keys matching ``match``, keys of Redis type ``kind`` only when the server can
-    filter by type (Redis 6.0+); on older servers every key, for the caller's reads to sort out."""
+    filter by type (Redis 6.0+); on older servers every key, for the caller's reads to sort out.
+
+    A Redis Cluster client is scanned master by master: SCAN walks one node's keys with a cursor
+    of its own (redis-py's cluster SCAN answers a cursor per node, which cannot be paged as one).
+    The caller's reads of a page then go through the cluster client, which routes each key."""
+    primaries = getattr(client, "get_primaries", None)
+    if primaries is not None:
+        for node in primaries():
+            yield from _scan_node(client.get_redis_connection(node), match, kind)
+        return
+    yield from _scan_node(client, match, kind)
+
+
+def _scan_node(client: Any, match: str | bytes, kind: str) -> Iterator[list[bytes]]:
     type_filter: str | None = kind
     cursor = 0
     while True:
@@ -343,7 +356,7 @@ def list_locks(client: Any, match: str | bytes = "*") -> list[LockInfo]:
     change while the scan runs may or may not be listed (SCAN's guarantee), never twice.
     """
     locks: dict[str, LockInfo] = {}
-    with backend_errors(client, f"listing locks matching {match!r}"):
+    with backend_errors(client, f"listing locks matching '{key_text(match)}'"):
         for page in scan_pages(client, match):
             keys = [k for k in page if not k.endswith(b":fence")]
             if not keys:

@@ -1,4 +1,5 @@
-"""Text for people: the ``tasklock ls`` table, ``show`` details and the doctor report.
+"""Text for people: the ``tasklock ls`` table, ``show`` details, the doctor report and the
+``stats`` table.
 
 Everything here is a pure function of already-read data and the current time, so output can be
 checked without a server and stays consistent between commands. ``--json`` output does not come
@@ -19,6 +20,7 @@ from tasklock.ops.doctor import Report, Status
 from tasklock.ops.inspect import LockInfo, key_text, printable
 
 __all__ = [
+    "counts_table",
     "doctor_report",
     "duration",
     "holder_line",
@@ -26,6 +28,7 @@ __all__ = [
     "lock_table",
     "permit_list",
     "semaphore_details",
+    "with_fence_note",
 ]
 
 _MISSING = "-"
@@ -77,18 +80,23 @@ def _kind(info: LockInfo) -> str:
     return "lock" if info.permits is None else f"permit ({info.permits} live)"
 
 
-def lock_table(locks: Sequence[LockInfo], now: float | None = None) -> str:
+def lock_table(
+    locks: Sequence[LockInfo], now: float | None = None, nodes: Sequence[str] | None = None
+) -> str:
     """The ``ls`` table, one row per lock or permit in the order given (newest first).
 
     When a Semaphore's permit is among the rows, a last column KIND says which rows are permits
     and how many live permits each one's semaphore has; without one, the table is the locks'.
+    ``nodes``, one cell per lock, adds a column NODES (Redlock: ``3/5``, the masters that hold
+    that value), since a Redlock hold is only one while a majority has it.
     """
     now = time.time() if now is None else now
     with_kind = any(info.permits is not None for info in locks)
     header = ("KEY", "HOST", "PID", "TASK", "AGE", "TTL", "FENCE") + (("KIND",) * with_kind)
+    header += ("NODES",) * (nodes is not None)
     rows = [header]
-    for info in locks:
-        row = (
+    for index, info in enumerate(locks):
+        row: tuple[str, ...] = (
             key_text(info.key),
             _cell(info.host),
             _cell(info.pid),
@@ -97,7 +105,8 @@ def lock_table(locks: Sequence[LockInfo], now: float | None = None) -> str:
             _ttl(info),
             _cell(info.fence),
         )
-        rows.append(row + ((_kind(info),) * with_kind))
+        row += (_kind(info),) * with_kind
+        rows.append(row + (() if nodes is None else (nodes[index],)))
     return _columns(rows)
 
 
@@ -176,16 +185,19 @@ def semaphore_details(
     counters: Mapping[str, int | None],
     labels: Mapping[str, str],
     now: float | None = None,
+    backend: str = "Redis",
 ) -> str:
     """The ``show`` text of a Semaphore: its live permits (first to free first), each with its
     holder, fence, age, time left and owner token (what ``release --token`` takes), and its
-    fence counter(s)."""
+    fence counter(s). ``backend`` names where the permits are kept ("Redis", "etcd"): the limit
+    is not, and an operator should not go looking for it there."""
     now = time.time() if now is None else now
     fences = [p.fence for p in permits if p.fence is not None]
     count = f"{len(permits)} live permit" + ("" if len(permits) == 1 else "s")
+    limit = f"its limit is the holders' setting, not kept in {backend}"
     rows: list[tuple[str, str]] = [
         ("key", key_text(key)),
-        ("kind", f"semaphore, {count} (its limit is the holders' setting, not kept in Redis)"),
+        ("kind", f"semaphore, {count} ({limit})"),
     ]
     rows.extend(_counter_rows(max(fences, default=None), counters, labels))
     width = max(len(name) for name, _ in rows)
@@ -208,13 +220,35 @@ def semaphore_details(
     return "\n".join(lines)
 
 
+def with_fence_note(details: str, key: str, note: str | None) -> str:
+    """``show``'s text (:func:`lock_details`, :func:`semaphore_details`) with the store's word
+    on fence counters (etcd has none) as the last row of its ``name  value`` block (whose first
+    row is ``key``), aligned with the rows above."""
+    if note is None:
+        return details
+    head, sep, tail = details.partition("\npermits, first to free first:")
+    rows = head.splitlines()
+    width = len(rows[0]) - len(key_text(key)) - 2
+    name = "fence counter"
+    if len(name) > width:
+        rows = [row[:width] + " " * (len(name) - width) + row[width:] for row in rows]
+        width = len(name)
+    rows.append(f"{name.ljust(width)}  {note}")
+    return "\n".join(rows) + sep + tail
+
+
 _MARK = {Status.OK: "ok  ", Status.WARN: "WARN", Status.FAIL: "FAIL"}
 
 
-def doctor_report(report: Report, strict: bool = False) -> str:
-    """The doctor's verdicts grouped by node, each problem followed by its fix, and a summary."""
-    kind = f"{len(report.urls)} Redlock masters" if len(report.urls) > 1 else "single-instance lock"
-    lines = [f"tasklock doctor ({kind})"]
+def doctor_report(report: Report, strict: bool = False, title: str | None = None) -> str:
+    """The doctor's verdicts grouped by node, each problem followed by its fix, and a summary.
+    ``title`` is the first line; by default it names the Redis setup (one server or Redlock's
+    masters), so the etcd doctor, whose report has the same shape, passes its own."""
+    if title is None:
+        many = len(report.urls) > 1
+        kind = f"{len(report.urls)} Redlock masters" if many else "single-instance lock"
+        title = f"tasklock doctor ({kind})"
+    lines = [title]
     groups: dict[str | None, list[str]] = {}
     for url in report.urls:
         groups.setdefault(url, [])
@@ -236,3 +270,56 @@ def doctor_report(report: Report, strict: bool = False) -> str:
     lines.append("")
     lines.append(f"{oks} ok, {warnings} warning(s), {failures} failure(s): {verdict}")
     return "\n".join(lines)
+
+
+#: The extra integer fields shown as columns of their own, when any task has one.
+_OPTIONAL_COUNTS = (("rate_limited", "RATE LIMITED"), ("ran_unlocked", "RAN UNLOCKED"))
+
+
+def _duplicates(fields: Mapping[str, int]) -> str:
+    """``3 (skip 2, retry 1)``: the total and each policy that took a part of it."""
+    total = fields.get("duplicates", 0)
+    prefix = "duplicates_"
+    parts = [
+        f"{name[len(prefix) :]} {value}"
+        for name, value in sorted(fields.items())
+        if name.startswith(prefix) and value
+    ]
+    return f"{total} ({', '.join(parts)})" if parts else str(total)
+
+
+def _waited(fields: Mapping[str, int]) -> str:
+    """``4 (mean 212ms)``: the calls that waited for a holder, and how long they waited."""
+    waited = fields.get("waited", 0)
+    if not waited:
+        return "0"
+    return f"{waited} (mean {duration(fields.get('wait_us', 0) / waited / 1e6)})"
+
+
+def counts_table(counts: Mapping[str, Mapping[str, int]]) -> str:
+    """The ``stats`` table: one row per task name, sorted by name, of the fleet's counts
+    (:func:`tasklock.fleet.read_counts`). Duplicates show which policy handled them and waits
+    their mean, the two things an operator asks next; rate limiting and unlocked runs get a
+    column only when some task has them, so the usual table stays narrow."""
+    optional = [
+        (field, title)
+        for field, title in _OPTIONAL_COUNTS
+        if any(fields.get(field) for fields in counts.values())
+    ]
+    header: tuple[str, ...] = ("TASK", "RAN", "DUPLICATES", "WAITED", "RETRIES", "LOST")
+    header += ("BACKEND ERRORS", "ENQUEUE DEDUPES", *(title for _, title in optional))
+    rows = [header]
+    for task in sorted(counts):
+        fields = counts[task]
+        row = (
+            printable(task),
+            str(fields.get("ran", 0)),
+            _duplicates(fields),
+            _waited(fields),
+            str(fields.get("retries", 0)),
+            str(fields.get("lost", 0)),
+            str(fields.get("backend_errors", 0)),
+            str(fields.get("enqueue_dedupes", 0)),
+        )
+        rows.append(row + tuple(str(fields.get(field, 0)) for field, _ in optional))
+    return _columns(rows)

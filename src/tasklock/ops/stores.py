@@ -6,11 +6,18 @@ script written for one works on the other. :class:`RedisStore` wraps :mod:`taskl
 and :mod:`tasklock.ops.permits`; the etcd store lives in :mod:`tasklock.ops.etcd_inspect`, and
 the etcd doctor in :mod:`tasklock.ops.etcd_doctor`. Both are imported only for an ``etcd://``
 URL, so a Redis-only installation needs no httpx.
+
+Which URLs: :func:`resolve_url` and :func:`resolve_urls` apply the command line's order (the
+option, then ``$TASKLOCK_URLS`` / ``$TASKLOCK_URL``, then the default) for every command alike.
+A Redis Cluster URL is read node by node where a command scans (SCAN has a cursor per node), see
+:func:`node_clients`.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -36,15 +43,27 @@ from tasklock.ops.permits import list_permits, read_permits, release_permit
 from tasklock.ops.render import doctor_report
 
 __all__ = [
+    "DEFAULT_URL",
+    "URLS_ENV",
+    "URL_ENV",
     "Counters",
     "RedisStore",
     "Store",
+    "backend_of",
     "check_url",
     "connect",
     "doctor_for",
     "is_etcd_url",
+    "node_clients",
     "open_store",
+    "resolve_url",
+    "resolve_urls",
+    "split_urls",
 ]
+
+DEFAULT_URL = "redis://localhost:6379/0"
+URL_ENV = "TASKLOCK_URL"
+URLS_ENV = "TASKLOCK_URLS"
 
 #: Fence counters to show: ``{counter key: value}``, ``{counter key: label}``, the same as JSON.
 Counters = tuple[dict[str, int | None], dict[str, str], list[dict[str, Any]]]
@@ -80,6 +99,60 @@ def connect(url: str, option: str) -> redis.Redis:
         ) from exc
 
 
+def split_urls(text: str) -> list[str]:
+    """The URLs in a comma-separated list (``--urls a,b``, ``$TASKLOCK_URLS``). A comma also
+    separates the hosts of one Redis Cluster or Sentinel URL (``redis+cluster://h1:1,h2:2``), so
+    a part with no ``://`` of its own belongs to the URL before it. An etcd URL is one cluster,
+    its hosts after commas, so it is never split."""
+    if is_etcd_url(text.strip()):
+        return [text.strip()]
+    urls: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if urls and "://" not in part:
+            urls[-1] += "," + part
+        else:
+            urls.append(part)
+    return urls
+
+
+def resolve_url(given: str | None) -> tuple[str, str]:
+    """``(url, where it came from)``: ``--url``, else ``$TASKLOCK_URL``, else the default."""
+    if given is not None:
+        return check_url(given, "--url"), "--url"
+    env = os.environ.get(URL_ENV, "").strip()
+    if env:
+        return check_url(env, URL_ENV), URL_ENV
+    return DEFAULT_URL, "the default URL"
+
+
+def resolve_urls(url: str | None, urls: Sequence[str] | None) -> tuple[list[str], str]:
+    """The nodes of a command that reads several (Redlock's masters) and where they came from:
+    ``--urls`` (each value may list several, comma-separated), ``--url``, ``$TASKLOCK_URLS``,
+    then as for :func:`resolve_url`."""
+    if urls:
+        listed = [u for value in urls for u in split_urls(value)]
+        return [check_url(u, "--urls") for u in listed], "--urls"
+    if url is not None:
+        return [check_url(url, "--url")], "--url"
+    env = os.environ.get(URLS_ENV, "").strip()
+    if env:
+        return [check_url(u, URLS_ENV) for u in split_urls(env)], URLS_ENV
+    single, origin = resolve_url(None)
+    return [single], origin
+
+
+def node_clients(client: Any) -> list[Any]:
+    """The clients to scan with: each master of a Redis Cluster (SCAN walks one node's keys,
+    with a cursor of its own, and redis-py's cluster SCAN answers a cursor per node, which the
+    listing cannot page with), else ``client`` itself."""
+    primaries = getattr(client, "get_primaries", None)
+    if primaries is None:
+        return [client]
+    return [client.get_redis_connection(node) for node in primaries()]
+
+
 class Store(Protocol):
     """What the commands read and release, whatever the backend."""
 
@@ -109,6 +182,8 @@ class RedisStore:
     """The :class:`Store` of one Redis URL (a server, a cluster or a Sentinel master)."""
 
     fence_note: str | None = None
+    #: The backend's name in messages ("kept in Redis").
+    backend = "Redis"
 
     def __init__(self, url: str, option: str) -> None:
         self.where = redact_url(url)
@@ -118,7 +193,9 @@ class RedisStore:
         self.client.close()
 
     def list_locks(self, match: bytes) -> list[LockInfo]:
-        locks = [*list_locks(self.client, match), *list_permits(self.client, match)]
+        locks: list[LockInfo] = []
+        for client in node_clients(self.client):  # every master of a cluster
+            locks += [*list_locks(client, match), *list_permits(client, match)]
         return sorted(locks, key=newest_first)
 
     def read(self, key: str) -> KeyState:
@@ -149,6 +226,11 @@ class RedisStore:
         return release_permit(self.client, key, permit.raw_value)
 
 
+def backend_of(store: Store) -> str:
+    """The name of the backend ``store`` reads, for messages: "Redis" or "etcd"."""
+    return str(getattr(store, "backend", "etcd"))
+
+
 def open_store(url: str, option: str) -> Store:
     """The store ``url`` names; ``option`` (``--url``, ``TASKLOCK_URL``) is named in errors."""
     if is_etcd_url(url):
@@ -169,5 +251,6 @@ def doctor_for(
         return run_doctor(urls, ttl=ttl), doctor_report
     if len(etcd) != len(urls):
         raise ConfigurationError(f"{option} mixes etcd and Redis URLs: check one backend at a time")
-    doctor = _etcd("etcd_doctor")
-    return doctor.run_doctor(urls, option), doctor.render
+    report = _etcd("etcd_doctor").run_doctor(urls, option)
+    title = f"tasklock doctor (etcd, {len(report.urls)} endpoint(s))"
+    return report, functools.partial(doctor_report, title=title)
