@@ -10,8 +10,8 @@ their text, ``--json``, confirmations and exit codes are the same on both, and s
 either (on etcd the fence is the key's create revision; ``show`` says there is no counter).
 
 Several Redis nodes: ``ls`` on a ``redis+cluster://`` URL lists every master's keys. With
-``--urls`` (Redlock's masters) ``ls`` reads every master and shows each lock value once with the
-masters holding it (NODES ``3/5``; JSON ``nodes``), and ``stats`` sums every master's counts
+``--urls`` (Redlock's masters) ``ls`` reads every master and shows each holder of a key once, with
+the masters holding it (NODES ``3/5``; JSON ``nodes``), and ``stats`` sums every master's counts
 (:mod:`tasklock.ops.masters`, :mod:`tasklock.ops.fleet_view`). A master that does not answer is
 named on stderr, the others are still shown, and the exit status is 1.
 

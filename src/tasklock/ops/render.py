@@ -88,7 +88,7 @@ def lock_table(
     When a Semaphore's permit is among the rows, a last column KIND says which rows are permits
     and how many live permits each one's semaphore has; without one, the table is the locks'.
     ``nodes``, one cell per lock, adds a column NODES (Redlock: ``3/5``, the masters that hold
-    that value), since a Redlock hold is only one while a majority has it.
+    that holder's value), since a Redlock hold is only one while a majority has it.
     """
     now = time.time() if now is None else now
     with_kind = any(info.permits is not None for info in locks)
