@@ -417,7 +417,8 @@ def _add_prefix(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tasklock",
-        description="Inspect, release and check tasklock's locks on Redis or etcd.",
+        description="Inspect, release and check tasklock's locks on Redis or etcd; read and export "
+        "the fleet's counts.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
