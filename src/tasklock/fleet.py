@@ -111,8 +111,8 @@ class _Batcher:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pending: dict[str, dict[str, int]] = {}
-        #: task -> (client, key prefix)
-        self.targets: dict[str, tuple[Any, str]] = {}
+        #: task -> (clients, key prefix): the first that answers takes the counts
+        self.targets: dict[str, tuple[tuple[Any, ...], str]] = {}
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
         self.pid = os.getpid()
@@ -142,7 +142,9 @@ class _Batcher:
             self.wake.clear()
             self.flush()
 
-    def take(self) -> tuple[dict[str, dict[str, int]], dict[str, tuple[Any, str]]]:
+    def take(
+        self,
+    ) -> tuple[dict[str, dict[str, int]], dict[str, tuple[tuple[Any, ...], str]]]:
         with self.lock:
             pending, self.pending = self.pending, {}
             targets = dict(self.targets)
@@ -158,19 +160,20 @@ class _Batcher:
         pending, targets = self.take()
         if not pending:
             return
-        by_client: dict[int, list[tuple[str, dict[str, int]]]] = defaultdict(list)
-        clients: dict[int, tuple[Any, str]] = {}
+        by_target: dict[tuple[int, ...], list[tuple[str, dict[str, int]]]] = defaultdict(list)
+        where: dict[tuple[int, ...], tuple[tuple[Any, ...], str]] = {}
         for task, counts in pending.items():
             target = targets.get(task)
             if target is None:
                 continue  # a task with no Redis (etcd): its counts stay in tasklock.stats only
-            by_client[id(target[0])].append((task, counts))
-            clients[id(target[0])] = target
+            ident = (*(id(client) for client in target[0]), id(target[1]))
+            by_target[ident].append((task, counts))
+            where[ident] = target
         now = time.time()
-        for ident, items in by_client.items():
-            client, prefix = clients[ident]
+        for ident, items in by_target.items():
+            clients, prefix = where[ident]
             try:
-                _write(client, prefix, items, now)
+                _write_first(clients, prefix, items, now)
             except Exception as exc:
                 for task, counts in items:
                     self.put_back(task, counts)
@@ -191,6 +194,19 @@ class _Batcher:
         self.wake = threading.Event()
         self.thread = None
         self.pid = os.getpid()
+
+
+def _write_first(
+    clients: Sequence[Any], prefix: str, items: list[tuple[str, dict[str, int]]], now: float
+) -> None:
+    """Write to the first of ``clients`` that takes the counts (Redlock's masters, in order)."""
+    for client in clients[:-1]:
+        try:
+            _write(client, prefix, items, now)
+        except Exception:
+            continue
+        return
+    _write(clients[-1], prefix, items, now)
 
 
 def _write(
@@ -218,13 +234,14 @@ os.register_at_fork(after_in_child=lambda: _batcher.after_fork())
 atexit.register(lambda: flush())
 
 
-def bind(task: str, client: Any, prefix: str) -> None:
-    """Write ``task``'s counts to ``client`` (a Redis client) under ``prefix``. The guard calls
-    it on each use with the client it uses (cheap when nothing changed)."""
+def bind(task: str, client: Any, prefix: str, *, fallbacks: Sequence[Any] = ()) -> None:
+    """Write ``task``'s counts to ``client`` (a Redis client) under ``prefix``, or to the first
+    of ``fallbacks`` that answers when it does not (Redlock's other masters). The guard calls it
+    on each use with the clients it uses (cheap when nothing changed)."""
     target = _batcher.targets.get(task)
-    if target is None or target[0] is not client or target[1] != prefix:
+    if target is None or target[0][0] is not client or target[1] != prefix:
         with _batcher.lock:
-            _batcher.targets[task] = (client, prefix)
+            _batcher.targets[task] = ((client, *fallbacks), prefix)
 
 
 def forget() -> None:

@@ -217,7 +217,8 @@ class Guard(PendingMarkers):
             from tasklock.core.redlock import Redlock
 
             redlock = Redlock(list(options.urls), key, **common)
-            fleet.bind(self.name, redlock.clients[0], options.key_prefix)
+            first, *others = redlock.clients
+            fleet.bind(self.name, first, options.key_prefix, fallbacks=others)
             return redlock
         client = self._client()
         fleet.bind(self.name, client, options.key_prefix)

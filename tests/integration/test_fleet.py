@@ -231,3 +231,19 @@ def test_a_failing_observer_never_fails_the_task(redis_server: RedisServer) -> N
         assert run(Guard(settle, "fleet.broken", {"url": redis_server.url}), (1,)) == "settled 1"
     finally:
         observe.uninstall(broken)
+
+
+def test_a_redlock_task_writes_to_the_first_master_that_answers(
+    nodes: list[RedisServer],
+) -> None:
+    urls = [server.url for server in nodes]
+    guard = Guard(settle, "fleet.redlock", {"urls": urls})
+    nodes[0].stop()  # the first master is down: the lock holds on the other four
+    try:
+        assert run(guard, (1,)) == "settled 1"
+        fleet.flush()
+        answers = [fleet.read_counts(server.client()) for server in nodes[1:]]
+    finally:
+        nodes[0].start()
+    assert [bool(found) for found in answers] == [True, False, False, False]
+    assert fleet.merge(answers)["fleet.redlock"]["ran"] == 1
