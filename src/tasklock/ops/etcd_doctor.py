@@ -44,9 +44,8 @@ from tasklock.etcd import protocol
 from tasklock.etcd.client import DEFAULT_TIMEOUT, Client
 from tasklock.ops.doctor import LATENCY_FAIL, LATENCY_WARN, Check, Report, Status
 from tasklock.ops.etcd_inspect import check_url
-from tasklock.ops.render import doctor_report
 
-__all__ = ["MIN_VERSION", "EndpointFacts", "judge", "probe", "render", "run_doctor"]
+__all__ = ["MIN_VERSION", "EndpointFacts", "judge", "probe", "run_doctor"]
 
 MIN_VERSION = (3, 4)
 MEMBER_LIST = "/v3/cluster/member/list"
@@ -169,12 +168,6 @@ def run_doctor(urls: Sequence[str], option: str = "--url") -> Report:
     with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
         facts = list(pool.map(probe, endpoints))
     return Report(endpoints, judge(facts))
-
-
-def render(report: Report, strict: bool = False) -> str:
-    """The Redis doctor's text, under a title that names etcd."""
-    title = f"tasklock doctor (etcd, {len(report.urls)} endpoint(s))"
-    return title + "\n" + doctor_report(report, strict).partition("\n")[2]
 
 
 def judge(endpoints: Sequence[EndpointFacts]) -> list[Check]:
