@@ -23,9 +23,9 @@ import pytest
 import redis
 
 import tasklock
-from tasklock.cli import main
 from tasklock.core.keys import wake_channel
 from tasklock.core.owner import parse_value
+from tests.support.cli import Run, cli_runner, without_url_environment
 from tests.support.servers import RedisServer, free_port, start_servers
 
 TASK = "billing.settle"
@@ -34,25 +34,15 @@ TASK_FENCE = f"tasklock:{{{TASK}}}:fence"
 TASK_PENDING = f"tasklock:{{{TASK}}}:pending:" + "d" * 64
 SCRIPT = Path(sys.executable).with_name("tasklock")
 
-Run = Callable[..., tuple[int, str, str]]
-
 
 @pytest.fixture
 def run(capsys: pytest.CaptureFixture[str]) -> Run:
-    """Call main() in-process; returns (exit status, stdout, stderr)."""
-
-    def call(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
+    return cli_runner(capsys)
 
 
 @pytest.fixture(autouse=True)
 def _no_env_urls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TASKLOCK_URL", raising=False)
-    monkeypatch.delenv("TASKLOCK_URLS", raising=False)
+    without_url_environment(monkeypatch)
 
 
 def _wait_clock_past(at: float) -> None:

@@ -18,11 +18,10 @@ import pytest
 import redis
 
 from tasklock import fleet
-from tasklock.cli import main
 from tasklock.core.keys import wake_channel
 from tasklock.errors import DuplicateTask
 from tasklock.guard import Guard
-from tests.integration.test_cli import Run
+from tests.support.cli import Run, cli_runner, without_url_environment
 from tests.support.servers import RedisServer, free_port, wait_for
 
 
@@ -63,20 +62,12 @@ def while_held(guard: Guard, args: tuple[Any, ...], calls: Any) -> None:
 
 @pytest.fixture
 def run(capsys: pytest.CaptureFixture[str]) -> Run:
-    """main() in-process; returns (exit status, stdout, stderr)."""
-
-    def call(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
+    return cli_runner(capsys)
 
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TASKLOCK_URL", raising=False)
-    monkeypatch.delenv("TASKLOCK_URLS", raising=False)
+    without_url_environment(monkeypatch)
     fleet.flush()  # counts other tests left pending go to their servers, not to this one
 
 

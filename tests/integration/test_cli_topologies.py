@@ -16,32 +16,23 @@ import pytest
 
 import tasklock
 from tasklock import fleet
-from tasklock.cli import main
 from tasklock.core.owner import parse_value
 from tasklock.core.redlock import Redlock
 from tasklock.guard import Guard
 from tasklock.ops.inspect import list_locks
-from tests.integration.test_cli import Run
 from tests.integration.test_cli_stats import run_task, settle
+from tests.support.cli import Run, cli_runner, without_url_environment
 from tests.support.servers import RedisClusterServers, RedisServer
 
 
 @pytest.fixture
 def run(capsys: pytest.CaptureFixture[str]) -> Run:
-    """main() in-process; returns (exit status, stdout, stderr)."""
-
-    def call(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return call
+    return cli_runner(capsys)
 
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TASKLOCK_URL", raising=False)
-    monkeypatch.delenv("TASKLOCK_URLS", raising=False)
+    without_url_environment(monkeypatch)
     fleet.flush()  # counts other tests left pending go to their servers, not to these
 
 

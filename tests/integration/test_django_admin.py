@@ -26,8 +26,8 @@ from django.test import Client, override_settings
 
 import tasklock
 from tasklock import fleet
-from tasklock.errors import DuplicateTask
 from tasklock.guard import Guard
+from tests.support.guarding import run_call
 from tests.support.servers import RedisServer, free_port
 
 PAGE = "/admin/tasklock/heldlock/"
@@ -127,15 +127,7 @@ def settle(account_id: int) -> str:
 
 
 def run(guard: Guard, args: tuple[Any, ...], body: Any = None, task_id: str = "t1") -> Any:
-    return guard.run(
-        args,
-        {},
-        body or (lambda extra: settle(*args)),
-        task_id=task_id,
-        on_skip=lambda d: "skipped",
-        on_retry=lambda d: "retry",
-        duplicate_error=DuplicateTask,
-    )
+    return run_call(guard, args, body or (lambda extra: settle(*args)), task_id)
 
 
 # -- who may see it ------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ import pytest
 import redis
 
 from tasklock import fleet, observe, stats
-from tasklock.errors import BackendUnavailable, DuplicateTask
+from tasklock.errors import BackendUnavailable
 from tasklock.guard import Guard
+from tests.support.guarding import hold_in_thread, run_call
 from tests.support.servers import RedisServer, free_port
 
 
@@ -23,15 +24,7 @@ def settle(account_id: int, fence_token: int | None = None) -> str:
 
 
 def run(guard: Guard, args: tuple[Any, ...], body: Any = None, task_id: str = "t1") -> Any:
-    return guard.run(
-        args,
-        {},
-        body or (lambda extra: settle(*args)),
-        task_id=task_id,
-        on_skip=lambda d: "skipped",
-        on_retry=lambda d: "retry",
-        duplicate_error=DuplicateTask,
-    )
+    return run_call(guard, args, body or (lambda extra: settle(*args)), task_id)
 
 
 @pytest.fixture(autouse=True)
@@ -44,43 +37,24 @@ def counts(r: redis.Redis, task: str, window: str = "total") -> dict[str, int]:
     return fleet.read_counts(r, window=window).get(task, {})
 
 
-def hold_in_thread(guard: Guard, args: tuple[Any, ...]) -> tuple[threading.Event, Any]:
-    entered, finish = threading.Event(), threading.Event()
-
-    def body(extra: dict[str, Any]) -> str:
-        entered.set()
-        assert finish.wait(30)
-        return "held"
-
-    thread = threading.Thread(target=run, args=(guard, args, body, "holder"))
-    thread.start()
-    assert entered.wait(10)
-
-    def done() -> None:
-        finish.set()
-        thread.join(10)
-
-    return entered, done
-
-
 def test_each_decision_is_counted_per_task_name(r: redis.Redis, redis_server: RedisServer) -> None:
     skip = Guard(settle, "fleet.skip", {"url": redis_server.url})
     waits = Guard(settle, "fleet.wait", {"url": redis_server.url, "on_duplicate": "wait"})
     retry = Guard(settle, "fleet.retry", {"url": redis_server.url, "on_duplicate": "retry"})
     for n in range(3):
         assert run(skip, (n,)) == f"settled {n}"
-    _, done = hold_in_thread(skip, (1,))
+    done = hold_in_thread(skip, (1,))
     try:
         assert run(skip, (1,)) == "skipped"
         assert run(skip, (1,)) == "skipped"
     finally:
         done()
-    _, done = hold_in_thread(retry, (1,))
+    done = hold_in_thread(retry, (1,))
     try:
         assert run(retry, (1,)) == "retry"
     finally:
         done()
-    _, done = hold_in_thread(waits, (1,))
+    done = hold_in_thread(waits, (1,))
     threading.Timer(0.2, done).start()  # the holder finishes while the other call waits
     assert run(waits, (1,), task_id="waiter") == "settled 1"
 
@@ -201,7 +175,7 @@ def test_observers_see_each_acquire_and_hold(redis_server: RedisServer) -> None:
         run(guard, (1,))
         with pytest.raises(ZeroDivisionError):
             run(guard, (2,), lambda extra: 1 / 0)
-        _, done = hold_in_thread(guard, (3,))
+        done = hold_in_thread(guard, (3,))
         try:
             run(guard, (3,))
         finally:

@@ -35,8 +35,9 @@ from opentelemetry.trace import StatusCode
 import tasklock.opentelemetry as tl_otel
 from tasklock import fleet, observe
 from tasklock.core.keys import wake_channel
-from tasklock.errors import BackendUnavailable, DuplicateTask
+from tasklock.errors import BackendUnavailable
 from tasklock.guard import Guard
+from tests.support.guarding import hold_in_thread, run_call
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer, free_port, start_servers
 
@@ -48,15 +49,7 @@ def settle(account_id: int, fence_token: int | None = None) -> str:
 
 
 def run(guard: Guard, args: tuple[Any, ...], body: Any = None, task_id: str = "t1") -> Any:
-    return guard.run(
-        args,
-        {},
-        body or (lambda extra: settle(*args, **extra)),
-        task_id=task_id,
-        on_skip=lambda d: "skipped",
-        on_retry=lambda d: "retry",
-        duplicate_error=DuplicateTask,
-    )
+    return run_call(guard, args, body or (lambda extra: settle(*args, **extra)), task_id)
 
 
 class Traces:
@@ -110,26 +103,6 @@ def traces(module_traces: Traces) -> Iterator[Traces]:
     yield module_traces
     tl_otel.uninstrument()
     assert not tl_otel.instrumented()
-
-
-def hold_in_thread(guard: Guard, args: tuple[Any, ...]) -> Any:
-    """Hold ``args``'s lock in another thread until the returned ``done()`` is called."""
-    entered, finish = threading.Event(), threading.Event()
-
-    def body(extra: dict[str, Any]) -> str:
-        entered.set()
-        assert finish.wait(30)
-        return "held"
-
-    thread = threading.Thread(target=run, args=(guard, args, body, "holder"))
-    thread.start()
-    assert entered.wait(10)
-
-    def done() -> None:
-        finish.set()
-        thread.join(10)
-
-    return done
 
 
 def test_acquire_and_hold_are_children_of_the_current_span(

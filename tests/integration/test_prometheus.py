@@ -26,9 +26,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasklock import fleet, observe, stats
-from tasklock.errors import DuplicateTask
 from tasklock.guard import Guard
 from tasklock.prometheus import Collector, instrument, uninstrument
+from tests.support.guarding import hold_in_thread, run_call
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer, free_port, start_servers
 
@@ -41,35 +41,7 @@ def settle(account_id: int, fence_token: int | None = None) -> str:
 
 
 def run(guard: Guard, args: tuple[Any, ...], body: Any = None, task_id: str = "t1") -> Any:
-    return guard.run(
-        args,
-        {},
-        body or (lambda extra: settle(*args)),
-        task_id=task_id,
-        on_skip=lambda d: "skipped",
-        on_retry=lambda d: "retry",
-        duplicate_error=DuplicateTask,
-    )
-
-
-def hold_in_thread(guard: Guard, args: tuple[Any, ...]) -> Any:
-    """Run one call of ``guard`` whose body waits; returns the function that lets it finish."""
-    entered, finish = threading.Event(), threading.Event()
-
-    def body(extra: dict[str, Any]) -> str:
-        entered.set()
-        assert finish.wait(30)
-        return "held"
-
-    thread = threading.Thread(target=run, args=(guard, args, body, "holder"))
-    thread.start()
-    assert entered.wait(10)
-
-    def done() -> None:
-        finish.set()
-        thread.join(10)
-
-    return done
+    return run_call(guard, args, body or (lambda extra: settle(*args)), task_id)
 
 
 def parse(text: str) -> Samples:
