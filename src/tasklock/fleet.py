@@ -6,10 +6,9 @@ task names, and an extra key in every acquire script would tax every lock, task 
 each process adds its counts up in memory (fed by :mod:`tasklock.stats`'s sink: a dict update
 under a lock, no I/O) and a daemon thread writes them every :data:`FLUSH_INTERVAL` seconds in
 one pipelined round trip per Redis. The task's own path gains no round trip. Processes that end
-without their thread getting a turn flush on the way out: at exit, at the end of each RQ job (a
-work horse leaves with ``os._exit``, and this module may first be imported in the horse, after
-the fork: one pipelined round trip per job, beside the ten or so RQ makes), and on Celery's
-``worker_process_shutdown``.
+without their thread getting a turn flush on the way out: at exit, at the end of the first RQ job
+of each process (a work horse runs one job and leaves with ``os._exit``; a SimpleWorker's later
+jobs are left to the thread), and on Celery's ``worker_process_shutdown``.
 A count that could not be written (Redis unreachable) is kept and written with the next flush.
 
 Layout, per task name (bounded cardinality: never per call key), in the task's cluster slot::
@@ -48,6 +47,7 @@ __all__ = [
     "TOTALS_TTL",
     "bind",
     "flush",
+    "flush_first_job",
     "forget",
     "merge",
     "read_counts",
@@ -117,6 +117,8 @@ class _Batcher:
         self.thread: threading.Thread | None = None
         self.pid = os.getpid()
         self.warned = False
+        #: The process whose first job wrote its counts at its end (:func:`flush_first_job`).
+        self.first_job_in: int | None = None
 
     def add(self, event: str, task: str, amount: int) -> None:
         fields = _EVENT_FIELDS.get(event)
@@ -252,6 +254,16 @@ def forget() -> None:
         _batcher.pending = {}
         _batcher.targets = {}
         _batcher.warned = False
+
+
+def flush_first_job() -> None:
+    """:func:`flush` at the end of the first job of each process, nothing after it: RQ's work
+    horse runs one job and leaves with ``os._exit``, so that is every job there, while a
+    SimpleWorker (one process, many jobs) leaves the rest to the thread. (Which process is a
+    horse no fork hook can tell: this module may first be imported in the horse.)"""
+    if _batcher.first_job_in != os.getpid():
+        _batcher.first_job_in = os.getpid()
+        flush()
 
 
 def flush() -> None:

@@ -236,7 +236,9 @@ class SingletonJob:
         try:
             return self._run_job(job, args, kwargs)
         finally:
-            fleet.flush()  # a work horse leaves with os._exit: write its counts now
+            # A work horse runs one job and leaves with os._exit (no atexit, maybe no turn
+            # for the counts' thread): its counts are written at the job's end.
+            fleet.flush_first_job()
 
     def _run_job(self, job: Job, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         guard = self.guard
