@@ -31,6 +31,8 @@ from tasklock.errors import (
 
 __version__ = "0.1.0.dev0"
 
+from tasklock.leader import Leader
+
 __all__ = [
     "BackendRefused",
     "BackendUnavailable",
@@ -39,6 +41,7 @@ __all__ = [
     "DuplicateTask",
     "DuplicateTaskError",
     "KeyEncodingError",
+    "Leader",
     "Lock",
     "LockError",
     "LockLostError",

@@ -362,6 +362,17 @@ class LeaseCore:
         hold = self._hold()
         return hold.fence if hold is not None else None
 
+    def lease_left(self) -> float | None:
+        """Seconds the current hold's lease has left by this process's own clock: the
+        watchdog's estimate, counted from the start of the last renewal it saw confirmed (so it
+        never exceeds the server's). None without a hold, or without the watchdog. A process
+        resumed after a pause past its TTL sees it run out here before any round trip."""
+        hold = self._hold()
+        if hold is None or hold.renewal is None:
+            return None
+        left: float = hold.renewal.expires_at - clock.monotonic()
+        return left
+
     @property
     def lost(self) -> Any:
         """Set when the watchdog found the current (or last) hold gone."""

@@ -1,0 +1,236 @@
+"""Leader election on the lock core: one process of many leads, the others stand by.
+
+::
+
+    election = tasklock.Leader(redis, "reports-cron", ttl=10)
+    with election:                      # blocks until elected (woken when the leader leaves)
+        while election.is_leader:       # renewed by the watchdog; the term is election.fence
+            run_one_round(term=election.fence)
+
+Leadership is a hold of an ordinary lock (on one Redis, on Redlock's masters, or on etcd, as the
+task layer's ``url``/``urls`` choose), taken with the watchdog on: its TTL is renewed every third
+of ``ttl`` while the process lives, a dead leader's lock frees itself within ``ttl``, and the
+term is the hold's fencing token, strictly increasing from one leader to the next.
+
+Why :attr:`Leader.is_leader` looks at the clock, not only at ``lost``: a leader paused past its
+TTL (GC, SIGSTOP, a VM migration) resumes with its threads all at once, and its loop may ask
+"am I leader?" before the watchdog has had the round trip that would tell it no. So
+``is_leader`` also requires the lease to be alive by this process's own monotonic clock (which
+runs on while the process is stopped), less a margin for the clocks' drift: a resumed leader
+sees False at once, with no round trip, and never acts on a term it no longer holds. Where one
+round trip per action is affordable, :meth:`Leader.confirm` checks with the store too. And a
+term that is already stale by the time a write lands (a pause between the check and the write)
+is what fencing is for: pass ``election.fence`` to a fenced store (:mod:`tasklock.fencing`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from tasklock.backends import etcd_client, is_etcd_url
+from tasklock.core.base import BaseLock, Number
+from tasklock.core.connection import client_for_url
+from tasklock.core.lock import Lock
+from tasklock.core.owner import Holder
+from tasklock.errors import BackendUnavailable, ConfigurationError, LockError
+
+__all__ = ["Leader"]
+
+log = logging.getLogger("tasklock")
+
+#: The local lease must have at least this fraction of ``ttl`` (plus :data:`MARGIN_SECONDS`)
+#: left for ``is_leader``: the drift between this process's clock and the store's, and the
+#: round trip of the acquire that the first local estimate does not know about.
+MARGIN_FRACTION = 0.02
+MARGIN_SECONDS = 0.05
+
+
+class Leader:
+    """One of many processes leads ``name``; see the module docstring.
+
+    ``store``: a redis-py client, a Redis URL (``redis://``, ``rediss://``, ``unix://``, Cluster
+    and Sentinel forms), a list of Redis URLs (Redlock's masters), or an etcd URL
+    (``etcd://h1:2379,h2:2379``). ``ttl``: seconds a dead leader keeps the others waiting (its
+    lock expires; etcd: whole seconds, at least 1). ``on_elected(leader)`` runs in the thread that
+    won; ``on_lost(leader)`` when leadership was lost while held (on the watchdog's thread, or in
+    :meth:`confirm`), not on :meth:`resign`. ``owner_info`` is added to the holder's metadata
+    (``tasklock ls`` shows it).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        name: str,
+        ttl: Number = 10,
+        *,
+        owner_info: Mapping[str, Any] | None = None,
+        on_elected: Callable[[Leader], Any] | None = None,
+        on_lost: Callable[[Leader], Any] | None = None,
+    ) -> None:
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+            raise ConfigurationError(f"Leader ttl must be a number of seconds > 0, got {ttl!r}")
+        self.name = name
+        self.ttl = float(ttl)
+        self.on_elected = on_elected
+        self.on_lost = on_lost
+        meta = {"role": "leader", **dict(owner_info or {})}
+        self._lock = _leadership_lock(store, name, self.ttl, meta, self._lost_by_watchdog)
+        self._margin = self.ttl * MARGIN_FRACTION + MARGIN_SECONDS
+        self._guard = threading.Lock()  # one campaign or resignation at a time
+
+    def __repr__(self) -> str:
+        state = f"leader, term {self.fence}" if self.is_leader else "standby"
+        return f"<tasklock.Leader {self.name!r} ({state})>"
+
+    @property
+    def lock(self) -> BaseLock:
+        """The lock whose hold is the leadership (for its ``name``, ``peek()``, ...)."""
+        return self._lock
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def fence(self) -> int | None:
+        """The current term: the hold's fencing token (strictly increasing across leaders), or
+        None while not leading."""
+        return self._lock.fence
+
+    @property
+    def lost(self) -> Any:
+        """Set when leadership was lost while held; ``lost.reason`` says why. Event-like:
+        ``election.lost.wait(5)``."""
+        return self._lock.lost
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process leads now, by its own view: elected, not lost, and the lease
+        alive by its own clock less a drift margin (no round trip; see the module docstring)."""
+        if self._lock.fence is None or self._lock.lost:
+            return False
+        left = self._lock.lease_left()
+        return left is not None and left > self._margin
+
+    def leader(self) -> Holder | None:
+        """Who leads now (one round trip): the holder's metadata (host, pid, ...), or None."""
+        holder, _ = self._lock.peek()
+        return holder
+
+    # -- campaigning -----------------------------------------------------------------------
+    def campaign(self) -> bool:
+        """One attempt, not waiting: True when this process leads now (also when it already
+        did and still does). A lost term is let go first, so a new one can be won."""
+        return self._elect(blocking=False, timeout=None)
+
+    def wait_for_leadership(self, timeout: Number | None = None) -> bool:
+        """Block until elected (woken when the leader releases; within ``ttl`` of its death), or
+        until ``timeout`` seconds have passed (False)."""
+        return self._elect(blocking=True, timeout=timeout)
+
+    def _elect(self, *, blocking: bool, timeout: Number | None) -> bool:
+        with self._guard:
+            if self.is_leader:
+                return True
+            self._let_go()
+            won = self._lock.acquire(blocking=blocking, blocking_timeout=timeout)
+        if won:
+            log.info("%s: elected leader (term %s)", self.name, self.fence)
+            if self.on_elected is not None:
+                self.on_elected(self)
+        return bool(won)
+
+    def confirm(self) -> bool:
+        """Ask the store (one round trip) whether this process still holds the leadership. When
+        it does not, step down: ``is_leader`` becomes False and ``on_lost`` runs. An unreachable
+        store is not a confirmation (False), and does not step down by itself: the watchdog
+        decides that when the TTL runs out."""
+        if not self.is_leader:
+            return False
+        try:
+            held = self._lock.owned()
+        except BackendUnavailable as exc:
+            log.warning("%s: could not confirm leadership: %s", self.name, exc)
+            return False
+        if held and self.is_leader:
+            return True
+        if not held:
+            self._step_down("the store no longer holds this term")
+        return False
+
+    def resign(self) -> None:
+        """Give up leadership now (a standby is woken at once). Nothing happens when not
+        leading; a term that was lost meanwhile is let go quietly."""
+        with self._guard:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        if self._lock.fence is None:
+            return
+        term = self._lock.fence
+        try:
+            self._lock.release()
+        except LockError:
+            pass  # lost already: nothing of ours to release
+        except BackendUnavailable as exc:
+            log.warning("%s: could not resign term %s (it expires within %ss): %s", self.name,
+                        term, self.ttl, exc)  # fmt: skip
+        else:
+            log.info("%s: resigned (term %s)", self.name, term)
+
+    def _step_down(self, reason: str) -> None:
+        flag = self._lock.lost
+        if not flag:
+            flag.reason = reason
+            flag.set()
+        log.warning("%s: stepped down (term %s): %s", self.name, self.fence, reason)
+        if self.on_lost is not None:
+            self.on_lost(self)
+
+    def _lost_by_watchdog(self, lock: BaseLock) -> None:
+        log.warning("%s: leadership lost (term %s): %s", self.name, lock.fence, lock.lost.reason)
+        if self.on_lost is not None:
+            self.on_lost(self)
+
+    # -- with --------------------------------------------------------------------------------
+    def __enter__(self) -> Leader:
+        self.wait_for_leadership(None)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.resign()
+
+
+def _leadership_lock(
+    store: Any,
+    name: str,
+    ttl: float,
+    owner_info: Mapping[str, Any],
+    on_lost: Callable[[BaseLock], Any],
+) -> BaseLock:
+    """The lock for ``store`` (as the task layer chooses by URL), watchdog on, shared by the
+    threads of this process (leadership belongs to the process, not to a thread)."""
+    options: dict[str, Any] = {
+        "timeout": ttl,
+        "watchdog": True,
+        "thread_local": False,
+        "on_lost": on_lost,
+        "owner_info": owner_info,
+    }
+    if isinstance(store, str) and is_etcd_url(store):
+        from tasklock.etcd import Lock as EtcdLock
+
+        return EtcdLock(etcd_client(store), name, **options)
+    if isinstance(store, str):
+        return Lock(client_for_url(store), name, **options)
+    if isinstance(store, Sequence) and not isinstance(store, bytes):
+        from tasklock.core.redlock import Redlock
+
+        return Redlock(list(store), name, **options)
+    return Lock(store, name, **options)
