@@ -63,6 +63,7 @@ from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 from kombu.utils.uuid import uuid
 
 from tasklock import fleet
+from tasklock._celery_beat import LeaderScheduler
 from tasklock._celery_config import broker_client, near_miss, seconds_until_due, split_options
 from tasklock._celery_outcomes import requeue_when_down, skip_call
 from tasklock._celery_rates import defer_call
@@ -75,7 +76,7 @@ if TYPE_CHECKING:
     from celery.app.task import Context
     from celery.result import AsyncResult
 
-__all__ = ["DUPLICATE", "RATE_LIMITED", "SingletonTask", "singleton_task"]
+__all__ = ["DUPLICATE", "RATE_LIMITED", "LeaderScheduler", "SingletonTask", "singleton_task"]
 
 log = logging.getLogger("tasklock.celery")
 
