@@ -10,7 +10,6 @@ may have been applied, and only the caller knows whether repeating it is safe.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Sequence
@@ -78,20 +77,12 @@ class Client:
     def call(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
         """POST and parse; etcd's errors as tasklock errors."""
         status, content, endpoint = self.raw(path, body, what)
-        error = protocol.error_from_reply(status, content, endpoint, what)
-        if error is not None:
-            raise error
-        reply: dict[str, Any] = json.loads(content)
-        return reply
+        return protocol.reply_of(status, content, endpoint, what)
 
     def revoke(self, lease: int, what: str) -> None:
         """Revoke ``lease``; one already gone is fine."""
         status, content, endpoint = self.raw(protocol.REVOKE, {"ID": str(lease)}, what)
-        if protocol.is_lease_not_found(status, content):
-            return
-        error = protocol.error_from_reply(status, content, endpoint, what)
-        if error is not None:
-            raise error
+        protocol.check_revoke(status, content, endpoint, what)
 
     def wait_for_delete(
         self, key: bytes, start_revision: int, timeout: float, *, range_end: bytes | None = None

@@ -30,6 +30,7 @@ __all__ = [
     "Holder",
     "acquire_txn",
     "b64",
+    "check_revoke",
     "error_from_reply",
     "holder_of",
     "holders_of",
@@ -45,6 +46,7 @@ __all__ = [
     "permit_txn",
     "read_txn",
     "release_txn",
+    "reply_of",
     "reply_revision",
     "swap_lease_txn",
     "watch_request",
@@ -379,3 +381,22 @@ def is_lease_not_found(status: int, body: bytes) -> bool:
         return int(json.loads(body).get("code", 0)) == 5
     except (ValueError, AttributeError):
         return False
+
+
+def reply_of(status: int, body: bytes, endpoint: str, what: str) -> dict[str, Any]:
+    """A unary call's parsed reply; etcd's errors raised as tasklock errors (both clients)."""
+    error = error_from_reply(status, body, endpoint, what)
+    if error is not None:
+        raise error
+    reply: dict[str, Any] = json.loads(body)
+    return reply
+
+
+def check_revoke(status: int, body: bytes, endpoint: str, what: str) -> None:
+    """A lease revoke's reply: a lease already gone (expired, revoked) is fine; any other error
+    is raised as a tasklock error (both clients)."""
+    if is_lease_not_found(status, body):
+        return
+    error = error_from_reply(status, body, endpoint, what)
+    if error is not None:
+        raise error
