@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import tasklock
-from tasklock.core.keys import queue_keys_for, wake_channel
+from tasklock.core.keys import queue_keys_for, wake_channel, wake_id
 from tasklock.core.queue_scripts import NEXT_PREFIX
 from tasklock.core.wakeup import ChannelBook
 from tests.support.polling import eventually
@@ -82,6 +82,12 @@ def test_a_newcomer_queues_behind_the_waiters_instead_of_barging(r: redis.Redis)
     thread.join(5)
 
 
+def own_channel(name: str) -> str:
+    """This process's channel of ``name``'s wake channel: where a release names a waiter of
+    this process (every waiter in these tests runs in the test's own process)."""
+    return f"{wake_channel(name)}@{wake_id()}"
+
+
 def test_a_release_names_only_the_first_waiter(r: redis.Redis) -> None:
     """The release publishes one message naming the first queued waiter; each listener wakes
     only that waiter (the herd is gone: others sleep on)."""
@@ -95,12 +101,17 @@ def test_a_release_names_only_the_first_waiter(r: redis.Redis) -> None:
         threads.append(thread)
         eventually(lambda i=i: len(queued(r, "next")) == i + 1, what=f"waiter {i} queued")
     first_token = queued(r, "next")[0]
+    process_channel = own_channel("next").encode()
+    assert first_token.startswith(wake_id().encode() + b" ")
     listener = r.pubsub()
-    listener.subscribe(wake_channel("next"))
-    assert listener.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+    listener.subscribe(wake_channel("next"), process_channel)
+    for _ in range(2):
+        assert listener.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
     holder.release()
     message = eventually(lambda: listener.get_message(timeout=1), what="the wake-up message")
-    assert message["data"] == NEXT_PREFIX + first_token
+    # On the waiter's process channel only: the other processes' listeners never hear of it.
+    assert (message["channel"], message["data"]) == (process_channel, NEXT_PREFIX + first_token)
+    assert listener.get_message(timeout=0.2) is None
     eventually(lambda: waiters[0].fence is not None, what="the first waiter took it")
     assert token_of(r.get("next") or b"") == token_of(first_token)
     for lock, thread in zip(waiters, threads, strict=True):
@@ -123,6 +134,18 @@ def test_the_listener_wakes_only_the_named_waiter() -> None:
     plain.clear()
     book.dispatch({"type": "message", "channel": "ch", "data": "some-lock-name"})
     assert (a.is_set(), b.is_set(), plain.is_set()) == (True, True, True)
+    for event in (a, b, plain):
+        event.clear()
+    # A fair release comes on this process's channel of the lock (ChannelBook.subscriptions).
+    own = book.subscriptions(b"ch")[1]
+    assert own == b"ch@" + wake_id().encode()
+    book.dispatch({"type": "message", "channel": own, "data": NEXT_PREFIX + b"tok-a"})
+    assert (a.is_set(), b.is_set(), plain.is_set()) == (True, False, True)
+    a.clear()
+    plain.clear()
+    # Another process's channel of the same lock (a listener never subscribes one) wakes nobody.
+    book.dispatch({"type": "message", "channel": b"ch@0000000z", "data": NEXT_PREFIX + b"tok-b"})
+    assert (a.is_set(), b.is_set(), plain.is_set()) == (False, False, False)
     book.leave(b"ch", a, b"tok-a")
     book.leave(b"ch", b, b"tok-b")
     book.leave(b"ch", plain)
@@ -179,7 +202,7 @@ def test_a_waiter_leaving_first_passes_the_wake_up_on(r: redis.Redis) -> None:
     assert not r.exists("pass-on")  # free, but not the second's to take yet
     second_token = queued(r, "pass-on")[1]
     listener = r.pubsub()
-    listener.subscribe(wake_channel("pass-on"))
+    listener.subscribe(own_channel("pass-on"))
     assert listener.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
     assert second._layout.leave is not None
     script, keys, tail = second._layout.leave
@@ -280,7 +303,7 @@ def test_two_quick_permit_releases_wake_two_waiters(r: redis.Redis) -> None:
         eventually(lambda i=i: len(queued(r, "sem-two")) == i + 1, what=f"waiter {i} queued")
     tokens = queued(r, "sem-two")
     listener = r.pubsub()
-    listener.subscribe(wake_channel("sem-two"))
+    listener.subscribe(own_channel("sem-two"))
     assert listener.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
     # Both releases back to back, by their scripts (the holders' hold state is left as it is):
     # neither waiter can take its permit in between.

@@ -56,7 +56,7 @@ class AsyncWakeupHub:
         entry, new = self._book.join(name, event, key)
         if new:
             try:
-                await self._pubsub.subscribe(name)
+                await self._pubsub.subscribe(*self._book.subscriptions(name))
             except Exception as exc:  # the waiter falls back to polling
                 log.debug("wake-up subscribe to %s failed: %s", channel, exc)
                 entry.confirmed.set()
@@ -103,7 +103,7 @@ class AsyncWakeupHub:
                 stale = self._book.stale()
                 if stale and self._book.channels:
                     try:
-                        await self._pubsub.unsubscribe(*stale)
+                        await self._pubsub.unsubscribe(*self._book.unsubscriptions(stale))
                     except Exception as exc:
                         log.debug("wake-up unsubscribe failed: %s", exc)
         finally:

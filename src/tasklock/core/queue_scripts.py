@@ -14,8 +14,11 @@ new in every process, see :func:`tasklock.core.keys.wake_id`). A waiter joins at
 attempt it makes once its listener is subscribed to the lock's wake channel (so it cannot miss the
 release that makes it first), and renews its deadline with every later attempt; a free lock (or
 permit) may be taken only by the waiters at the head of the queue, or by anyone when the queue is
-empty. A release publishes ``tasklock:next <waiter>`` on the wake channel: each process's listener
-wakes just the waiter named, if it is one of its own, and no other. A waiter that gives up
+empty. A release publishes ``tasklock:next <waiter>`` on the waiter's process channel (the lock's
+wake channel, ``@`` and the wake id), to which only that process's listener is subscribed: it
+wakes just the waiter named, and no other process hears of it (with 32 processes waiting, a
+message on the lock's channel woke 32 listeners per release on a 2-core machine, and slowed the
+hand-off for everyone). A waiter that gives up
 leaves the queue at once (and passes the wake-up on when the lock is free); one that died
 (SIGKILL, lost connection) stops renewing and is dropped when its deadline passes, by whichever
 attempt next finds it first. The queue keys expire with their last waiter.
@@ -104,8 +107,10 @@ local function may_take(q, w, member, now, free)
   end
   return false, nil, deadline
 end
--- Wake the first `count` queued waiters by name; with nobody queued, wake everyone (unfair
--- waiters, and older tasklocks, take any other message on the channel as a wake-up). A dead
+-- Wake the first `count` queued waiters by name, each on its own process's channel
+-- (`<channel>@<wake id>`: only that process's listener hears it); with nobody queued, wake
+-- everyone on the lock's channel (unfair waiters, and older tasklocks, take any other message
+-- there as a wake-up). A dead
 -- waiter named here is dropped by the next try that finds it first past its deadline. Returns
 -- what the last PUBLISH returned (a table when it was refused).
 local function wake_next(q, channel, fallback, count)
@@ -120,7 +125,8 @@ local function wake_next(q, channel, fallback, count)
   end
   local answer
   for i = 1, #waiting do
-    answer = redis.pcall('PUBLISH', channel, 'tasklock:next ' .. waiting[i])
+    local process = string.match(waiting[i], '^[^ ]*')
+    answer = redis.pcall('PUBLISH', channel .. '@' .. process, 'tasklock:next ' .. waiting[i])
   end
   return answer
 end

@@ -27,6 +27,7 @@ from redis.exceptions import NoPermissionError
 
 from tasklock.core.clock import clock
 from tasklock.core.connection import describe_client
+from tasklock.core.keys import wake_id
 from tasklock.core.queue_scripts import NEXT_PREFIX
 from tasklock.core.scripts import ACL_RULES
 
@@ -111,6 +112,21 @@ class ChannelBook:
         self.channels: dict[bytes, Channel] = {}
         self._idle = 0  # channels with no waiter, lingering
         self._swept = 0.0
+        # A fair release names its waiter on the waiter's process channel, the lock's channel
+        # plus this suffix (see tasklock.core.queue_scripts); a book is made per process (the
+        # hubs are dropped at fork), so the wake id read here is this process's.
+        self._own = ("@" + wake_id()).encode()
+
+    def subscriptions(self, name: bytes) -> tuple[bytes, bytes]:
+        """What to SUBSCRIBE (in this order, in one command) for a lock's wake channel: the
+        channel itself (unfair releases, releases with nobody queued) and this process's
+        channel of it (fair releases naming one of its waiters). The first confirmation implies
+        both: the server runs the whole SUBSCRIBE before any other command."""
+        return name, name + self._own
+
+    def unsubscriptions(self, names: list[bytes]) -> list[bytes]:
+        """What to UNSUBSCRIBE for the wake channels ``names`` (see :meth:`subscriptions`)."""
+        return [each for name in names for each in self.subscriptions(name)]
 
     def join(self, name: bytes, event: Any, token: bytes | None = None) -> tuple[Channel, bool]:
         """Add a waiter (woken by name when ``token`` is given); the channel, and True when it
@@ -175,6 +191,10 @@ class ChannelBook:
         if isinstance(channel, str):
             channel = channel.encode()
         found = self.channels.get(channel) if channel is not None else None
+        if found is None and channel is not None and channel.endswith(self._own):
+            if kind != "message":
+                return  # the lock's channel's own confirmation counts for both
+            found = self.channels.get(channel[: -len(self._own)])
         if found is None:
             return
         if kind == "subscribe":
@@ -222,7 +242,7 @@ class WakeupHub:
             entry, new = self._book.join(name, event, key)
             if new:
                 try:
-                    self._pubsub.subscribe(name)
+                    self._pubsub.subscribe(*self._book.subscriptions(name))
                 except Exception as exc:  # the waiter falls back to polling
                     log.debug("wake-up subscribe to %s failed: %s", channel, exc)
             self._ensure_thread()
@@ -245,7 +265,7 @@ class WakeupHub:
             stale = self._book.stale()
             if stale and self._book.channels:
                 try:
-                    self._pubsub.unsubscribe(*stale)
+                    self._pubsub.unsubscribe(*self._book.unsubscriptions(stale))
                 except Exception as exc:
                     log.debug("wake-up unsubscribe failed: %s", exc)
 
