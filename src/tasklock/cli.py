@@ -43,19 +43,19 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import redis.exceptions as redis_errors
 
-from tasklock.core.base import DEFAULT_TTL
 from tasklock.core.urls import validate_url
 from tasklock.errors import BackendUnavailable, ConfigurationError
+from tasklock.ops import arguments
+from tasklock.ops.arguments import Handler
 from tasklock.ops.exporter import serve_exporter
-from tasklock.ops.fleet_view import WINDOWS, read_fleet, stats_text
+from tasklock.ops.fleet_view import read_fleet, stats_text
 from tasklock.ops.inspect import KeyState, LockInfo, key_from_text, key_text, printable
 from tasklock.ops.masters import list_across, masters_text
-from tasklock.ops.options import argv_bytes, fence_number, non_empty, port_number, positive_seconds
+from tasklock.ops.options import argv_bytes
 from tasklock.ops.permits import find_permit
 from tasklock.ops.render import (
     holder_line,
@@ -67,8 +67,6 @@ from tasklock.ops.render import (
 )
 from tasklock.ops.stores import (
     DEFAULT_URL,
-    URL_ENV,
-    URLS_ENV,
     Store,
     backend_of,
     doctor_for,
@@ -78,8 +76,6 @@ from tasklock.ops.stores import (
 )
 
 __all__ = ["DEFAULT_URL", "build_parser", "main"]
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 class CommandFailed(Exception):
@@ -379,166 +375,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- parser -------------------------------------------------------------------------------------
 
 
-def _add_url(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url",
-        metavar="URL",
-        help=f"Redis or etcd:// URL (default: ${URL_ENV}, else {DEFAULT_URL})",
-    )
-
-
-def _add_nodes(parser: argparse.ArgumentParser) -> None:
-    """``--url``, or ``--urls`` for Redlock's masters (which these commands read all of)."""
-    nodes = parser.add_mutually_exclusive_group()
-    nodes.add_argument(
-        "--url",
-        metavar="URL",
-        help=f"one Redis (redis+cluster://h1,h2 for a cluster) or etcd://h1,h2 (default: "
-        f"${URLS_ENV} or ${URL_ENV}, else {DEFAULT_URL})",
-    )
-    nodes.add_argument(
-        "--urls",
-        nargs="+",
-        metavar="URL",
-        help="Redlock's masters, space- or comma-separated: every one is read",
-    )
-
-
-def _add_prefix(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--prefix",
-        default="tasklock",
-        type=non_empty,
-        metavar="PREFIX",
-        help="the tasks' key prefix (their key_prefix option; default: tasklock)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tasklock",
-        description="Inspect, release and check tasklock's locks on Redis or etcd; read and export "
-        "the fleet's counts.",
+    """The command line's parser (its arguments are in :mod:`tasklock.ops.arguments`)."""
+    return arguments.build_parser(
+        {
+            "ls": cmd_ls,
+            "show": cmd_show,
+            "release": cmd_release,
+            "doctor": cmd_doctor,
+            "stats": cmd_stats,
+            "exporter": cmd_exporter,
+            "demo": cmd_demo,
+        }
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    ls = sub.add_parser(
-        "ls",
-        help="list held locks, newest first",
-        description="Every held lock and semaphore permit: of one Redis, of every master of a "
-        "Redis Cluster, or (--urls) of Redlock's masters, merged, with the masters holding each.",
-    )
-    _add_nodes(ls)
-    ls.add_argument(
-        "--match",
-        default="*",
-        type=non_empty,
-        metavar="PATTERN",
-        help="only keys matching this glob (SCAN MATCH syntax; default: *)",
-    )
-    ls.add_argument("--json", action="store_true", help="print a JSON list for scripts")
-    ls.set_defaults(handler=cmd_ls)
-
-    show = sub.add_parser("show", help="one lock in detail")
-    show.add_argument("key", metavar="KEY", help="the lock key (as printed by `tasklock ls`)")
-    _add_url(show)
-    show.add_argument("--json", action="store_true", help="print JSON for scripts")
-    show.set_defaults(handler=cmd_show)
-
-    release = sub.add_parser(
-        "release",
-        help="force-release a stuck lock or semaphore permit (owner-aware; needs --force)",
-        description="Delete a held lock whose holder is gone. Shows the holder first and deletes "
-        "only if the lock still has the value shown. Waiting for the TTL is safer. For a "
-        "semaphore, name the permit with --fence or --token; only that permit is released.",
-    )
-    release.add_argument("key", metavar="KEY", help="the lock key (as printed by `tasklock ls`)")
-    release.add_argument(
-        "--force", action="store_true", help="required: you accept breaking mutual exclusion"
-    )
-    permit = release.add_mutually_exclusive_group()
-    permit.add_argument(
-        "--fence",
-        type=fence_number,
-        metavar="N",
-        help="the permit (of a semaphore) or lock holding this fence token, as `ls` shows it",
-    )
-    permit.add_argument(
-        "--token",
-        metavar="TOKEN",
-        help="the permit or lock of this owner token (32 hex digits, as `show` lists them)",
-    )
-    release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    _add_url(release)
-    release.set_defaults(handler=cmd_release)
-
-    doctor = sub.add_parser(
-        "doctor",
-        help="check a Redis or etcd setup for what can break locks",
-        description="Redis: eviction policy, persistence, replicas, version, latency and (for "
-        "several nodes) clocks and duplicates. etcd: version, health, leader, members, a probe "
-        "lock and that every endpoint is one cluster. Exit status 1 when a check fails.",
-    )
-    _add_nodes(doctor)
-    doctor.add_argument(
-        "--ttl",
-        type=positive_seconds,
-        default=DEFAULT_TTL,
-        metavar="SECONDS",
-        help=f"lock TTL for the clock drift allowance (default: {DEFAULT_TTL:g})",
-    )
-    doctor.add_argument("--strict", action="store_true", help="warnings also exit 1")
-    doctor.add_argument("--json", action="store_true", help="print JSON for scripts")
-    doctor.set_defaults(handler=cmd_doctor)
-
-    stats = sub.add_parser(
-        "stats",
-        help="the fleet's counts per task: ran, duplicates, waits, retries, lost, errors",
-        description="Counts every worker's task layer writes to Redis (within a second of each "
-        "decision). With --urls, every Redlock master is read and the counts summed.",
-    )
-    _add_nodes(stats)
-    stats.add_argument(
-        "--window",
-        choices=WINDOWS,
-        default="total",
-        help="total (default: since the counts began), or the last hour or day",
-    )
-    _add_prefix(stats)
-    stats.add_argument(
-        "--json",
-        action="store_true",
-        help="print a JSON object keyed by task name, each an object of integer counts",
-    )
-    stats.set_defaults(handler=cmd_stats)
-
-    exporter = sub.add_parser(
-        "exporter",
-        help="serve the fleet's counts and held locks to Prometheus",
-        description="An HTTP /metrics endpoint for Prometheus, read from Redis at each scrape "
-        "(needs pip install 'tasklock[prometheus]'). Runs until Ctrl-C.",
-    )
-    _add_nodes(exporter)
-    exporter.add_argument(
-        "--port", type=port_number, required=True, metavar="N", help="the port to listen on"
-    )
-    exporter.add_argument(
-        "--addr",
-        default="127.0.0.1",
-        metavar="ADDR",
-        help="the address to listen on (default: 127.0.0.1; 0.0.0.0 for every interface)",
-    )
-    _add_prefix(exporter)
-    exporter.set_defaults(handler=cmd_exporter)
-
-    demo = sub.add_parser(
-        "demo",
-        help="run the demo: real workers, duplicate work, fence tokens",
-        description="Starts an embedded redis-server unless --url is given.",
-    )
-    demo.add_argument("--url", metavar="URL", help="use this Redis instead of an embedded one")
-    demo.set_defaults(handler=cmd_demo)
-    return parser
 
 
 # --- entry point --------------------------------------------------------------------------------

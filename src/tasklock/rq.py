@@ -62,7 +62,6 @@ How each RQ mechanism is used, and why:
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import math
 import sys
@@ -74,13 +73,13 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 import rq
 from rq import Queue, Retry
-from rq.decorators import job as rq_job_decorator
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus, get_current_job
 from rq.scheduler import RQScheduler
 
 from tasklock import fleet
 from tasklock._rq_dependents import follow_twin
+from tasklock._rq_functions import check_job_function, rq_decorator_of
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateJob, RateLimited
 from tasklock.guard import Duplicate, Guard, Throttle
 
@@ -150,50 +149,10 @@ def _update_meta(job: Job, fields: dict[str, Any]) -> None:
     meta.update(fields)
 
 
-def _rq_decorator_of(delay: Callable[..., Any]) -> Any:
-    """The ``rq.decorators.job`` instance behind an rq/django-rq ``delay`` function, or None.
-
-    RQ's decorator keeps its queue and connection only in the closure of ``delay``; reading it
-    there is how ``settle.delay(...)`` can deduplicate against the right Redis.
-    """
-    code = getattr(delay, "__code__", None)
-    for name, cell in zip(
-        getattr(code, "co_freevars", ()), getattr(delay, "__closure__", None) or (), strict=False
-    ):
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if name == "self" and isinstance(value, rq_job_decorator):
-            return value
-    return None
-
-
 def _will_retry(job: Job) -> bool:
     """RQ will run this failed job again (``retry=Retry(...)`` with retries left)."""
     retries_left = job.retries_left
     return retries_left is not None and retries_left > 0
-
-
-def _check_job_function(func: Any) -> None:
-    if not inspect.isfunction(func):
-        raise ConfigurationError(
-            f"singleton_job decorates functions, got {func!r}; options go as keywords: "
-            "@singleton_job(ttl=30, ...)"
-        )
-    if isinstance(getattr(func, "tasklock", None), SingletonJob):
-        raise ConfigurationError(f"{func.__qualname__} is already a singleton job")
-    if "<" in func.__qualname__ or "." in func.__qualname__:
-        raise ConfigurationError(
-            f"singleton_job needs a module-level function, got {func.__module__}."
-            f"{func.__qualname__}: RQ imports a job's function by its dotted path in the worker, "
-            "so nested functions, lambdas and methods cannot be found there"
-        )
-    if inspect.iscoroutinefunction(func):
-        raise ConfigurationError(
-            f"singleton_job does not support async def jobs ({func.__qualname__}); wrap the "
-            "coroutine in a plain function that runs it"
-        )
 
 
 class SingletonJob:
@@ -204,7 +163,9 @@ class SingletonJob:
     """
 
     def __init__(self, func: Callable[..., Any], options: dict[str, Any]) -> None:
-        _check_job_function(func)
+        check_job_function(func)
+        if isinstance(getattr(func, "tasklock", None), SingletonJob):
+            raise ConfigurationError(f"{func.__qualname__} is already a singleton job")
         self.func = func
         #: The dotted path RQ stores for the job, also the task name in lock keys.
         self.name = f"{func.__module__}.{func.__qualname__}"
@@ -220,7 +181,7 @@ class SingletonJob:
         attrs: dict[str, Any] = wrapper.__dict__
         rq_delay = attrs.get("delay")
         if rq_delay is not None:
-            decorator = _rq_decorator_of(rq_delay)
+            decorator = rq_decorator_of(rq_delay)
             if decorator is not None:
                 self._rq_delay, self._rq_decorator = rq_delay, decorator
                 attrs["delay"] = self.delay
