@@ -144,6 +144,9 @@ class LeaderScheduler:
                 ttl=self.ttl,
                 owner_info={"name": "celery beat", "role": "beat"},  # host and pid: the core's
             )
+            # The beat reports its terms itself, saying what it does ("beat: became leader of
+            # ..."); the Leader's own lines would say each event a second time.
+            self._leader._report_level = logging.DEBUG
             if self._shared is None:
                 log.info(
                     "beat: the lock's store is not one Redis: a new leader starts from its own "

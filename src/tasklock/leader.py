@@ -81,6 +81,14 @@ class Leader:
         self._lock = _leadership_lock(store, name, self.ttl, meta, self._lost_by_watchdog)
         self._margin = self.ttl * MARGIN_FRACTION + MARGIN_SECONDS
         self._guard = threading.Lock()  # one campaign or resignation at a time
+        # Where this Leader reports its terms (elected, resigned, stepped down, lost). A user of
+        # the Leader that reports them itself in its own words (LeaderScheduler: "beat: became
+        # leader of ...") sets it to DEBUG, so each event is logged once, not twice.
+        self._report_level = logging.INFO
+
+    @property
+    def _warn_level(self) -> int:
+        return logging.WARNING if self._report_level == logging.INFO else self._report_level
 
     def __repr__(self) -> str:
         state = f"leader, term {self.fence}" if self.is_leader else "standby"
@@ -136,7 +144,7 @@ class Leader:
             self._let_go()
             won = self._lock.acquire(blocking=blocking, blocking_timeout=timeout)
         if won:
-            log.info("%s: elected leader (term %s)", self.name, self.fence)
+            log.log(self._report_level, "%s: elected leader (term %s)", self.name, self.fence)
             if self.on_elected is not None:
                 self.on_elected(self)
         return bool(won)
@@ -151,7 +159,7 @@ class Leader:
         try:
             held = self._lock.owned()
         except BackendUnavailable as exc:
-            log.warning("%s: could not confirm leadership: %s", self.name, exc)
+            log.log(self._warn_level, "%s: could not confirm leadership: %s", self.name, exc)
             return False
         if held and self.is_leader:
             return True
@@ -174,22 +182,25 @@ class Leader:
         except LockError:
             pass  # lost already: nothing of ours to release
         except BackendUnavailable as exc:
-            log.warning("%s: could not resign term %s (it expires within %ss): %s", self.name,
-                        term, self.ttl, exc)  # fmt: skip
+            log.log(self._warn_level, "%s: could not resign term %s (it expires within %ss): %s",
+                    self.name, term, self.ttl, exc)  # fmt: skip
         else:
-            log.info("%s: resigned (term %s)", self.name, term)
+            log.log(self._report_level, "%s: resigned (term %s)", self.name, term)
 
     def _step_down(self, reason: str) -> None:
         flag = self._lock.lost
         if not flag:
             flag.reason = reason
             flag.set()
-        log.warning("%s: stepped down (term %s): %s", self.name, self.fence, reason)
+        log.log(self._warn_level, "%s: stepped down (term %s): %s", self.name, self.fence, reason)
         if self.on_lost is not None:
             self.on_lost(self)
 
     def _lost_by_watchdog(self, lock: BaseLock) -> None:
-        log.warning("%s: leadership lost (term %s): %s", self.name, lock.fence, lock.lost.reason)
+        log.log(
+            self._warn_level, "%s: leadership lost (term %s): %s", self.name, lock.fence,
+            lock.lost.reason,
+        )  # fmt: skip
         if self.on_lost is not None:
             self.on_lost(self)
 

@@ -165,6 +165,7 @@ def test_one_leader_ticks_once_per_period(
     assert holder.fence is not None
     leader = by_pid(started, pid)
     assert f"became leader of {LOCK} (term {holder.fence})" in leader.log()
+    assert "elected leader" not in leader.log()  # the election is logged once, by the beat
     for standby in started:
         if standby is not leader:
             assert eventually(
