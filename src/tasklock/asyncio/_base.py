@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol, Self
 
 from tasklock.asyncio.background import keep
 from tasklock.asyncio.watchdog import AsyncWatchdog, get_async_watchdog
+from tasklock.core.clock import clock
 from tasklock.core.lease import GIVE_UP, Attempt, Hold, LeaseCore, Number, check_seconds
 from tasklock.core.owner import Holder, parse_value
 from tasklock.core.renewal import Renewal
@@ -177,10 +178,10 @@ class AsyncBaseLock(LeaseCore):
         if inspect.isawaitable(result):
             keep(asyncio.ensure_future(result))
 
-    def _start_hold(self, value: bytes, fence: int | None) -> Hold:
+    def _start_hold(self, value: bytes, fence: int | None, sent: float | None = None) -> Hold:
         if self.thread_local:
             self.local.fresh()  # this task's (and its future children's) hold, nobody else's
-        hold = self._last_hold = super()._start_hold(value, fence)
+        hold = self._last_hold = super()._start_hold(value, fence, sent)
         return hold
 
     def _end_this_hold(self, hold: Hold) -> None:
@@ -216,10 +217,11 @@ class AsyncBaseLock(LeaseCore):
             while True:
                 if waiter is not None:
                     waiter.arm()
+                sent = clock.monotonic()
                 attempt = await self._shielded_attempt(owner, waiter is not None)
                 if attempt.acquired:
                     assert attempt.value is not None
-                    self._start_hold(attempt.value, attempt.fence)
+                    self._start_hold(attempt.value, attempt.fence, sent)
                     acquired = True
                     return True
                 step = rules.after_failure(attempt)

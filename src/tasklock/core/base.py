@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import SimpleNamespace, TracebackType
 from typing import Any, Literal, Protocol, Self
 
+from tasklock.core.clock import clock
 from tasklock.core.lease import (
     DEFAULT_TTL,
     GIVE_UP,
@@ -131,10 +132,11 @@ class BaseLock(LeaseCore):
             while True:
                 if waiter is not None:
                     waiter.arm()
+                sent = clock.monotonic()
                 attempt = self._attempt(owner, waiter is not None)
                 if attempt.acquired:
                     assert attempt.value is not None
-                    self._start_hold(attempt.value, attempt.fence)
+                    self._start_hold(attempt.value, attempt.fence, sent)
                     acquired = True
                     return True
                 step = rules.after_failure(attempt)

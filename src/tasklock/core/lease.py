@@ -384,10 +384,13 @@ class LeaseCore:
             flag = self.local.lost = self._flag_class()
         return flag
 
-    def _start_hold(self, value: bytes, fence: int | None) -> Hold:
+    def _start_hold(self, value: bytes, fence: int | None, sent: float | None = None) -> Hold:
+        """A new hold of ``value``; ``sent``: when the attempt that took it was sent (this
+        process's monotonic clock), where the watchdog counts its first lease from."""
         hold = Hold(value, fence, os.getpid(), self._flag_class)
         if self.watchdog:
             hold.renewal = self._renewal(value, lambda reason: self._mark_lost(hold, reason))
+            hold.renewal.granted_at = sent
             self._watchdog().watch(hold.renewal)
         self.local.hold = self.local.last_hold = hold
         self.local.token = value

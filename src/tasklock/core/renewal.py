@@ -6,10 +6,11 @@ asyncio one (:mod:`tasklock.asyncio.watchdog`); the drivers only wait, send and 
 * Held locks sit in a deadline heap, due at a third of their TTL. Everything due within a sixth
   of its TTL is renewed in the same tick, and the calls for one server go in one pipelined round
   trip: 1,000 held locks cost one round trip per tick, not 1,000.
-* A round that has no answer within a sixth of its TTL (or by the lock's expiry) is judged with
-  :class:`NoAnswer` in place of the missing results, so a stalled server neither delays renewals
-  on other servers nor hides the loss of its own locks; while one round trip to a server is
-  outstanding, no other is sent to it.
+* A round that has no answer by the lock's expiry (a Redlock's: within a sixth of its TTL, or by
+  the expiry) is judged with :class:`NoAnswer` in place of the missing results, so a stalled
+  server neither delays renewals on other servers nor hides the loss of its own locks, and a
+  slow one still renews; while one round trip to a server is outstanding, no other is sent to
+  it.
 * A renewal is an owner-checked script, so one that races with a release can never keep a
   released lock alive; a released entry is marked cancelled first and its answers are ignored,
   so a release never shows up as a "lost" lock either.
@@ -108,6 +109,9 @@ class Renewal:
     on_lost: Callable[[str], None]
     expires_at: float = 0.0
     due: float = 0.0
+    #: When the request that took the lock was sent (this process's monotonic clock), or None
+    #: (then: when the watching began). The server's TTL started after it, never before.
+    granted_at: float | None = None
     cancelled: bool = False
     queued: bool = False  # in the heap (the cancelled count must only count those)
     renewals: int = field(default=0)
@@ -169,9 +173,15 @@ class RenewalBook:
 
     # -- holders' side -------------------------------------------------------------------------
     def add(self, entry: Renewal, now: float) -> bool:
-        """Start renewing ``entry``; True when the driver sleeps past its due time (wake it)."""
-        entry.expires_at = now + entry.ttl
-        entry.due = now + entry.ttl / 3
+        """Start renewing ``entry``; True when the driver sleeps past its due time (wake it).
+
+        The lease counts from when the acquire was sent (``granted_at``), as a renewal's counts
+        from when it was sent: counted from its answer, the first expiry estimate exceeded the
+        server's by the answer's way back, and a holder cut off from its server right after
+        the acquire heard of the loss that much after another client could take the lock."""
+        start = now if entry.granted_at is None else min(entry.granted_at, now)
+        entry.expires_at = start + entry.ttl
+        entry.due = max(start + entry.ttl / 3, now)
         self._live.add(entry)
         heapq.heappush(self._heap, (entry.due, next(self._seq), entry))
         entry.queued = True
@@ -286,7 +296,16 @@ class RenewalBook:
             # was paused), still ask: only the server knows whether the key is still ours.
             deadline = now + entry.ttl / 6
             if now < entry.expires_at:
-                deadline = min(deadline, entry.expires_at)
+                if len(entry.calls) == 1:
+                    # One server: its answer counts until the expiry. Judged at a sixth of the
+                    # TTL, a link slower than that (0.1 s round trips under a 0.5 s TTL) lost
+                    # holds the server had renewed every time. A stalled server is judged at
+                    # the expiry either way: no other round trip goes to it meanwhile.
+                    deadline = entry.expires_at
+                else:
+                    # Redlock: a quorum must answer within the validity, and one stalled master
+                    # must not hold the round up.
+                    deadline = min(deadline, entry.expires_at)
             heapq.heappush(self._flights, (deadline, next(self._seq), flight))
             for index, call in enumerate(entry.calls):
                 target = server_client(call[0], call[2])
@@ -342,7 +361,13 @@ class RenewalBook:
                 if outcome is Outcome.RENEWED:
                     entry.renewals += 1
                     entry.expires_at = flight.started + entry.ttl
-                    entry.due = now + entry.ttl / 3
+                    # A third of the TTL from the renewal's start, like its expiry, not from its
+                    # answer: over a slow link (or a first call that loads the script on a new
+                    # connection) counting from the answer left less time than one round trip
+                    # before the expiry, and a hold the server renewed every time was reported
+                    # lost. Due already when the answer came that late: renewed at once (and
+                    # not reported late: the link was slow, nothing starved the watchdog).
+                    entry.due = max(flight.started + entry.ttl / 3, now)
                 elif outcome is Outcome.LOST:
                     lost.append((entry, GONE))
                     continue

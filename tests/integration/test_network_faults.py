@@ -1,0 +1,243 @@
+"""Network faults between one client and its Redis, through a real TCP proxy on loopback.
+
+A SIGSTOPped server is frozen for everyone; these faults are one client's alone, as in a real
+partition: the server goes on answering the other clients while this one's bytes are late
+(latency), held (a partition: delivered late on heal, as TCP retransmits them) or cut (a reset).
+
+What must hold:
+
+* a holder cut off from its Redis hears that its lock is lost no later than another client can
+  take it, and its renewal delivered late on heal neither extends nor steals the new hold;
+* a slow link (latency well under the TTL) costs time, never the hold;
+* a reset connection is replaced and the hold kept;
+* Redlock with one master partitioned keeps its quorum, and with a majority partitioned fails
+  within its deadlines and leaves no key behind once the late writes arrive (they are undone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import tasklock
+from tasklock.core.base import BaseLock
+from tasklock.core.redlock import Redlock
+from tasklock.errors import QuorumNotReached
+from tests.support.polling import eventually, holds_for
+from tests.support.servers import RedisServer, start_servers
+from tests.support.tcp_proxy import TcpProxy
+
+TTL = 0.5
+NODE_TIMEOUT = 0.2
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[list[RedisServer]]:
+    with start_servers(3) as started:
+        yield started
+
+
+@pytest.fixture
+def proxies(servers: list[RedisServer]) -> Iterator[list[TcpProxy]]:
+    made = [TcpProxy(server.port) for server in servers]
+    yield made
+    for proxy in made:
+        proxy.close()
+
+
+def through(proxy: TcpProxy) -> redis.Redis:
+    """A client whose every byte goes through ``proxy``."""
+    return redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=5)
+
+
+class LostAt:
+    """An ``on_lost`` callback that records when the loss was reported (monotonic)."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.event = threading.Event()
+
+    def __call__(self, lock: BaseLock) -> None:
+        self.at = time.monotonic()
+        self.event.set()
+
+
+def test_a_partitioned_holder_hears_of_its_loss_before_another_client_can_take_the_lock(
+    servers: list[RedisServer], proxies: list[TcpProxy]
+) -> None:
+    direct = servers[0].client()
+    lost = LostAt()
+    holder = tasklock.Lock(through(proxies[0]), "net:cut", timeout=TTL, watchdog=True,
+                           on_lost=lost)  # fmt: skip
+    assert holder.acquire(blocking=False)
+    # The watchdog renews through the proxy: the hold outlives several TTLs.
+    holds_for(lambda: direct.get("net:cut") is not None, 3 * TTL, what="renewed over the link")
+    proxies[0].partition()
+    other = tasklock.Lock(direct, "net:cut", timeout=30, sleep=0.01, fair=False)
+    assert other.acquire(blocking_timeout=10 * TTL)
+    taken_at = time.monotonic()
+    assert lost.event.wait(5), "the cut-off holder never heard that its lock was lost"
+    assert lost.at is not None
+    assert lost.at <= taken_at, (
+        f"the holder heard of its loss {lost.at - taken_at:.3f} s after another client took it"
+    )
+    assert holder.lost
+    new_value = direct.get("net:cut")
+    # Heal: the renewals held in the partition now arrive; owner-checked, they change nothing.
+    proxies[0].heal()
+    holds_for(lambda: direct.get("net:cut") == new_value, 2 * TTL, what="the new hold untouched")
+    assert other.owned()
+    other.release()
+
+
+def test_a_holder_cut_off_right_after_its_acquire_hears_of_the_loss_first(
+    servers: list[RedisServer], proxies: list[TcpProxy]
+) -> None:
+    """The first lease counts from when the acquire was sent, not from its answer: the server's
+    TTL started in between, so counting from the answer overestimated it by the way back."""
+    direct = servers[0].client()
+    lost = LostAt()
+    proxies[0].latency = 0.1  # the acquire's answer comes 0.1 s after the server set the key
+    client = through(proxies[0])
+    warm_up(client)
+    holder = tasklock.Lock(client, "net:cut-early", timeout=TTL, watchdog=True, on_lost=lost)
+    assert holder.acquire(blocking=False)
+    proxies[0].partition()  # no renewal gets through from here on
+    other = tasklock.Lock(direct, "net:cut-early", timeout=30, sleep=0.01, fair=False)
+    assert other.acquire(blocking_timeout=10 * TTL)
+    taken_at = time.monotonic()
+    assert lost.event.wait(5), "the cut-off holder never heard that its lock was lost"
+    assert lost.at is not None
+    assert lost.at <= taken_at, (
+        f"the holder heard of its loss {lost.at - taken_at:.3f} s after another client took it"
+    )
+    proxies[0].heal()
+    other.release()
+
+
+def warm_up(client: redis.Redis) -> None:
+    """Make the first calls' one-off round trips before the hold: a new connection's handshake
+    and the scripts' NOSCRIPT and SCRIPT LOAD cost several round trips, over a 0.1 s link more
+    than a 0.5 s lease has left once its renewals stop at the release."""
+    for _ in range(3):
+        with tasklock.Lock(client, "net:warm-up", timeout=5) as warm:
+            warm.extend(1)
+
+
+def test_a_slow_link_costs_time_never_the_hold(
+    servers: list[RedisServer], proxies: list[TcpProxy]
+) -> None:
+    direct = servers[0].client()
+    lost = LostAt()
+    proxies[0].latency = 0.05  # 0.1 s per round trip, more than a sixth of the 0.5 s TTL
+    client = through(proxies[0])
+    warm_up(client)
+    holder = tasklock.Lock(client, "net:slow", timeout=TTL, watchdog=True, on_lost=lost)
+    assert holder.acquire(blocking=False)
+    value = direct.get("net:slow")
+    holds_for(lambda: direct.get("net:slow") == value, 6 * TTL, what="held over a slow link")
+    assert not lost.event.is_set()
+    assert not holder.lost
+    holder.release()
+    assert direct.get("net:slow") is None
+
+
+def test_a_reset_connection_is_replaced_and_the_hold_kept(
+    servers: list[RedisServer], proxies: list[TcpProxy]
+) -> None:
+    direct = servers[0].client()
+    lost = LostAt()
+    holder = tasklock.Lock(through(proxies[0]), "net:reset", timeout=1.0, watchdog=True,
+                           on_lost=lost)  # fmt: skip
+    assert holder.acquire(blocking=False)
+    value = direct.get("net:reset")
+    eventually(lambda: proxies[0].connections() > 0, what="a connection through the proxy")
+    for _ in range(3):
+        proxies[0].reset()
+        holds_for(lambda: direct.get("net:reset") == value, 1.0, what="held across a reset")
+    assert not lost.event.is_set()
+    assert not holder.lost
+    holder.release()
+    assert direct.get("net:reset") is None
+
+
+def test_redlock_keeps_its_quorum_with_one_master_cut_off_and_cleans_up_after_heal(
+    servers: list[RedisServer], proxies: list[TcpProxy]
+) -> None:
+    direct = [server.client() for server in servers]
+    proxies[2].partition()
+    lock = Redlock([through(p) for p in proxies], "net:one-cut", timeout=10,
+                   node_timeout=NODE_TIMEOUT)  # fmt: skip
+    assert lock.acquire(blocking=False)
+    assert lock.fence is not None
+    assert [bool(c.exists("net:one-cut")) for c in direct] == [True, True, False]
+    lock.release()
+    assert not any(c.exists("net:one-cut") for c in direct[:2])
+    # Heal: the cut-off master now gets the acquire's SET, late, and the release after it (or
+    # the undo): it must not keep the key until its 10 s TTL.
+    proxies[2].heal()
+    eventually(lambda: not direct[2].exists("net:one-cut"), timeout=5,
+               what="the late write on the healed master undone")  # fmt: skip
+
+
+def test_redlock_with_a_majority_cut_off_fails_in_time_and_leaves_no_key_after_heal(
+    servers: list[RedisServer], proxies: list[TcpProxy]
+) -> None:
+    direct = [server.client() for server in servers]
+    proxies[1].partition()
+    proxies[2].partition()
+    lock = Redlock([through(p) for p in proxies], "net:majority-cut", timeout=10,
+                   node_timeout=NODE_TIMEOUT)  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(QuorumNotReached):
+        lock.acquire(blocking=False)
+    # Bounded by the node deadline (three fan-outs at most), not by the 5 s socket timeout.
+    assert time.monotonic() - started < 3 * NODE_TIMEOUT + 2.0
+    assert lock.fence is None
+    assert not any(c.exists("net:majority-cut") for c in direct)
+    proxies[1].heal()
+    proxies[2].heal()
+    # The held SETs now run on the healed masters; each is undone, long before the 10 s TTL.
+    eventually(lambda: not any(c.exists("net:majority-cut") for c in direct), timeout=5,
+               what="no key left after the partition healed")  # fmt: skip
+
+
+def test_asyncio_a_slow_link_costs_time_never_the_hold(
+    servers: list[RedisServer], proxies: list[TcpProxy]
+) -> None:
+    """The asyncio watchdog judges renewals by the same rules (tasklock.core.renewal)."""
+    import redis.asyncio as aioredis
+
+    from tasklock.asyncio import Lock as AsyncLock
+
+    direct = servers[0].client()
+    proxies[0].latency = 0.05
+
+    async def scenario() -> bool:
+        client = aioredis.Redis(host="127.0.0.1", port=proxies[0].port, socket_timeout=5)
+        # As warm_up: the first calls' one-off round trips. The asyncio lock's own calls go on
+        # connections of their own, the watchdog's through the client's pool: put one there
+        # (as any use of the client would), and load the renewal's script (extend runs it).
+        for _ in range(3):
+            async with AsyncLock(client, "net:async-warm-up", timeout=5) as warm:
+                await warm.extend(1)
+        await client.ping()
+        lock = AsyncLock(client, "net:async-slow", timeout=TTL, watchdog=True)
+        assert await lock.acquire(blocking=False)
+        value = direct.get("net:async-slow")
+        deadline = asyncio.get_running_loop().time() + 6 * TTL
+        while asyncio.get_running_loop().time() < deadline:
+            assert direct.get("net:async-slow") == value, "lost over a slow link"
+            await asyncio.sleep(0.01)
+        lost = bool(lock.lost)
+        await lock.release()
+        await client.aclose()
+        return lost
+
+    assert asyncio.run(scenario()) is False
+    assert direct.get("net:async-slow") is None
