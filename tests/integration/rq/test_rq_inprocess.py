@@ -383,8 +383,10 @@ def test_job_timeout_landing_right_after_the_acquire_still_releases(
     fault is injected at that exact point (the real acquire ran, then the exception)."""
     original = BaseLock._start_hold
 
-    def start_hold_then_time_out(self: BaseLock, value: bytes, fence: int | None) -> None:
-        original(self, value, fence)
+    def start_hold_then_time_out(
+        self: BaseLock, value: bytes, fence: int | None, sent: float | None = None
+    ) -> None:
+        original(self, value, fence, sent)
         raise JobTimeoutException("Task exceeded maximum timeout value (injected)")
 
     monkeypatch.setattr(BaseLock, "_start_hold", start_hold_then_time_out)
