@@ -288,4 +288,8 @@ def test_urls_use_redlock_and_duplicates_name_the_holder() -> None:
             finish.set()
             thread.join()
         assert fence_in(run(guard, (1,))) > floor
-        assert not any(s.client().exists(guard.lock_key((1,), {})) for s in servers)
+        # A master slower than the node deadline gets its release a little later (the late
+        # replies' reaper): gone well before the 30 s TTL, not necessarily at once.
+        key = guard.lock_key((1,), {})
+        eventually(lambda: not any(s.client().exists(key) for s in servers), timeout=5,
+                   what="released on every master")  # fmt: skip
