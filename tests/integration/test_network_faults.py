@@ -67,6 +67,28 @@ class LostAt:
         self.event.set()
 
 
+def taken_by_another(direct: redis.Redis, name: str, lost: LostAt) -> tasklock.Lock:
+    """Another client (straight to the server) takes ``name`` once its key is gone; the cut-off
+    holder must have heard of its loss by then. Returns the other client's lock, held."""
+    other = tasklock.Lock(direct, name, timeout=30, sleep=0.01, fair=False)
+    assert other.acquire(blocking_timeout=10 * TTL)
+    taken_at = time.monotonic()
+    assert lost.event.wait(5), "the cut-off holder never heard that its lock was lost"
+    assert lost.at is not None
+    assert lost.at <= taken_at, (
+        f"the holder heard of its loss {lost.at - taken_at:.3f} s after another client took it"
+    )
+    return other
+
+
+def kept_then_released(holder: tasklock.Lock, lost: LostAt, direct: redis.Redis) -> None:
+    """The hold was never reported lost, and its release frees the key."""
+    assert not lost.event.is_set()
+    assert not holder.lost
+    holder.release()
+    assert direct.get(holder.name) is None
+
+
 def test_a_partitioned_holder_hears_of_its_loss_before_another_client_can_take_the_lock(
     servers: list[RedisServer], proxies: list[TcpProxy]
 ) -> None:
@@ -78,14 +100,7 @@ def test_a_partitioned_holder_hears_of_its_loss_before_another_client_can_take_t
     # The watchdog renews through the proxy: the hold outlives several TTLs.
     holds_for(lambda: direct.get("net:cut") is not None, 3 * TTL, what="renewed over the link")
     proxies[0].partition()
-    other = tasklock.Lock(direct, "net:cut", timeout=30, sleep=0.01, fair=False)
-    assert other.acquire(blocking_timeout=10 * TTL)
-    taken_at = time.monotonic()
-    assert lost.event.wait(5), "the cut-off holder never heard that its lock was lost"
-    assert lost.at is not None
-    assert lost.at <= taken_at, (
-        f"the holder heard of its loss {lost.at - taken_at:.3f} s after another client took it"
-    )
+    other = taken_by_another(direct, "net:cut", lost)
     assert holder.lost
     new_value = direct.get("net:cut")
     # Heal: the renewals held in the partition now arrive; owner-checked, they change nothing.
@@ -108,14 +123,7 @@ def test_a_holder_cut_off_right_after_its_acquire_hears_of_the_loss_first(
     holder = tasklock.Lock(client, "net:cut-early", timeout=TTL, watchdog=True, on_lost=lost)
     assert holder.acquire(blocking=False)
     proxies[0].partition()  # no renewal gets through from here on
-    other = tasklock.Lock(direct, "net:cut-early", timeout=30, sleep=0.01, fair=False)
-    assert other.acquire(blocking_timeout=10 * TTL)
-    taken_at = time.monotonic()
-    assert lost.event.wait(5), "the cut-off holder never heard that its lock was lost"
-    assert lost.at is not None
-    assert lost.at <= taken_at, (
-        f"the holder heard of its loss {lost.at - taken_at:.3f} s after another client took it"
-    )
+    other = taken_by_another(direct, "net:cut-early", lost)
     proxies[0].heal()
     other.release()
 
@@ -141,10 +149,7 @@ def test_a_slow_link_costs_time_never_the_hold(
     assert holder.acquire(blocking=False)
     value = direct.get("net:slow")
     holds_for(lambda: direct.get("net:slow") == value, 6 * TTL, what="held over a slow link")
-    assert not lost.event.is_set()
-    assert not holder.lost
-    holder.release()
-    assert direct.get("net:slow") is None
+    kept_then_released(holder, lost, direct)
 
 
 def test_a_reset_connection_is_replaced_and_the_hold_kept(
@@ -160,10 +165,7 @@ def test_a_reset_connection_is_replaced_and_the_hold_kept(
     for _ in range(3):
         proxies[0].reset()
         holds_for(lambda: direct.get("net:reset") == value, 1.0, what="held across a reset")
-    assert not lost.event.is_set()
-    assert not holder.lost
-    holder.release()
-    assert direct.get("net:reset") is None
+    kept_then_released(holder, lost, direct)
 
 
 def test_redlock_keeps_its_quorum_with_one_master_cut_off_and_cleans_up_after_heal(
