@@ -243,3 +243,78 @@ def test_asyncio_a_slow_link_costs_time_never_the_hold(
 
     assert asyncio.run(scenario()) is False
     assert direct.get("net:async-slow") is None
+
+
+@pytest.mark.parametrize("noticed", [False, True], ids=["unnoticed", "noticed"])
+def test_asyncio_redlock_release_reaches_a_master_whose_connection_was_broken(
+    servers: list[RedisServer], proxies: list[TcpProxy], noticed: bool
+) -> None:
+    """A master's connection breaks while the lock is held, and the link to it turns slow.
+    Unnoticed, the release is written on the broken connection and fails there: it is sent
+    again on a new one. Noticed (the loop saw the reset), the release needs a new connection,
+    which takes longer to make than the round lasts: it is sent once made, not dropped. Either
+    way the key is freed long before its TTL."""
+    import redis.asyncio as aioredis
+
+    from tasklock.asyncio import Redlock as AsyncRedlock
+
+    direct = [server.client() for server in servers]
+
+    async def scenario() -> bool:
+        clients = [aioredis.Redis(host="127.0.0.1", port=p.port) for p in proxies]
+        lock = AsyncRedlock(clients, "net:late-release", timeout=10, node_timeout=NODE_TIMEOUT)
+        # A round ends at a quorum: a master whose connection was still being made (or busy
+        # with the previous round's reply) may not get the SET. Take it until all three have.
+        for _ in range(50):
+            assert await lock.acquire(blocking=False)
+            until = asyncio.get_running_loop().time() + 0.5
+            while asyncio.get_running_loop().time() < until:
+                if all(c.exists("net:late-release") for c in direct):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                await lock.release()
+                continue
+            break
+        assert all(c.exists("net:late-release") for c in direct), "never held on every master"
+        proxies[2].reset()  # the third master's connections break while the lock is held
+        proxies[2].latency = 0.3  # and a new one takes longer to make than the round lasts
+        if noticed:
+            await asyncio.sleep(0.2)  # the event loop reads the reset: that connection is gone
+        await lock.release()  # a quorum (the first two) released in the round
+        # Keep the loop running while the late release is sent and answered.
+        deadline = asyncio.get_running_loop().time() + 5
+        while direct[2].exists("net:late-release"):
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.01)
+        for client in clients:
+            await client.aclose()
+        return True
+
+    assert asyncio.run(scenario()), "the third master kept the key after the release"
+    assert not any(c.exists("net:late-release") for c in direct)
+
+
+def test_redlock_release_reaches_a_master_whose_connection_was_broken(
+    servers: list[RedisServer], proxies: list[TcpProxy]
+) -> None:
+    """The blocking Redlock, as the asyncio one above: the key on the master whose connection
+    broke (and whose link turned slow) is freed long before its TTL."""
+    direct = [server.client() for server in servers]
+    lock = Redlock([through(p) for p in proxies], "net:sync-late-release", timeout=10,
+                   node_timeout=NODE_TIMEOUT)  # fmt: skip
+    for _ in range(50):  # until the SET reached all three (a round ends at a quorum)
+        assert lock.acquire(blocking=False)
+        try:
+            eventually(lambda: all(c.exists("net:sync-late-release") for c in direct), 0.5)
+        except AssertionError:
+            lock.release()
+            continue
+        break
+    assert all(c.exists("net:sync-late-release") for c in direct), "never held on every master"
+    proxies[2].reset()
+    proxies[2].latency = 0.3
+    lock.release()
+    eventually(lambda: not direct[2].exists("net:sync-late-release"), timeout=5,
+               what="the release reached the third master")  # fmt: skip

@@ -18,7 +18,8 @@ ended), or ``followups`` written at once behind the unanswered command on the sa
 where Redis runs them after it, never before. A connection whose replies have not come within
 :data:`~tasklock.core.ops.REAP_AFTER` seconds is closed, and the hook hears NoReply (its
 follow-up then goes on a new connection, best effort). A command not yet sent when the caller
-leaves (its connection was still being made) is not sent at all, and a late NOSCRIPT (the
+leaves (its connection was still being made) is not sent at all, unless the caller asks for it
+(``send_late``: a release, harmless late and freeing the key sooner), and a late NOSCRIPT (the
 command did not run) is never run again behind an undo.
 """
 
@@ -37,7 +38,7 @@ from tasklock.asyncio.lanes import AsyncLane, LaneConnection, async_lane_for
 from tasklock.asyncio.scripts import run_script
 from tasklock.core.ops import PENDING, REAP_AFTER, NoReply, NotAwaited, Op
 
-__all__ = ["AsyncRound", "fan_out"]
+__all__ = ["AsyncRound", "fan_out", "send_in_background"]
 
 log = logging.getLogger("tasklock.fanout")
 
@@ -214,6 +215,8 @@ async def _connect_and_send(slot: _Slot) -> None:
         if slot.round.open:
             slot.reply = exc
             slot.round.changed()
+        elif not slot.stop:  # settle(send_late=True): it still goes, the ordinary way
+            slot.late(NoReply(f"could not connect: {exc}"))
         return
     if slot.stop:
         slot.lane.put(connection)  # connected too late: kept for later, never used for this
@@ -226,6 +229,11 @@ async def _connect_and_send(slot: _Slot) -> None:
         if slot.round.open:
             slot.reply = exc
             slot.round.changed()
+        else:
+            slot.late(NoReply(f"could not send: {exc}"))
+        return
+    if not slot.round.open:  # sent after the caller left (settle(send_late=True))
+        slot.reaper = asyncio.get_running_loop().call_later(REAP_AFTER, slot.give_up)
 
 
 async def _ordinary(slot: _Slot, timeout: float) -> None:
@@ -249,16 +257,24 @@ class AsyncRound:
         self.sent = [slot.sent for slot in slots]
         self.outstanding = [slot.reply is PENDING for slot in slots]
 
-    def settle(self, late: LateHook | None = None, followups: dict[int, Op] | None = None) -> None:
+    def settle(
+        self,
+        late: LateHook | None = None,
+        followups: dict[int, Op] | None = None,
+        send_late: bool = False,
+    ) -> None:
         """What to do with replies still outstanding (see the module docstring). Call it at once
-        (before any await), exactly once."""
+        (before any await), exactly once. ``send_late``: a command whose connection is still
+        being made is sent once it is made (for a command that is harmless late, such as an
+        owner-checked release: it frees the key long before its TTL would); its reply goes to
+        ``late``."""
         loop = asyncio.get_running_loop()
         for slot in self._slots:
             if not self.outstanding[slot.index]:
                 continue
             slot.hook = late
             if not slot.sent:
-                slot.stop = True  # still connecting: never sent now
+                slot.stop = not send_late  # still connecting: sent when connected, or never
                 continue
             follow = (followups or {}).get(slot.index)
             conn = slot.conn
@@ -270,6 +286,13 @@ class AsyncRound:
                     spawn(_bounded(slot.client, follow, REAP_AFTER))
             if conn is not None:
                 slot.reaper = loop.call_later(REAP_AFTER, slot.give_up)
+
+
+def send_in_background(client: Any, op: Op) -> None:
+    """Send ``op`` once more, best effort, on a connection of ``client``'s own pool and bounded
+    by REAP_AFTER: for a command that is harmless late (an owner-checked release) whose lane
+    connection broke under it, so that it may not have run."""
+    spawn(_bounded(client, op, REAP_AFTER))
 
 
 async def fan_out(

@@ -19,10 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
 
 from tasklock.asyncio._base import AsyncBaseLock, _AsyncWaiter
 from tasklock.asyncio.background import keep
-from tasklock.asyncio.fanout import AsyncRound, fan_out
+from tasklock.asyncio.fanout import AsyncRound, fan_out, send_in_background
 from tasklock.asyncio.lanes import async_lane_for
 from tasklock.asyncio.wakeup import AsyncSubscription, async_hub_for
 from tasklock.core.connection import describe_client
@@ -237,12 +238,19 @@ class Redlock(AsyncBaseLock):
         release = self._release_op(owner, value)
         done = await self._round(release, decided=flag)
         # A master that got no answer in time gets the release again in the background, when
-        # it answers (a connection still being made was not sent the first one). Harmless if
-        # the first one ran: it is owner-checked.
-        done.settle(late=lambda index, reply: release if isinstance(reply, NoReply) else None)
+        # it answers; one whose connection was still being made gets it once connected (else
+        # its key would live until its TTL). Harmless if one already ran: it is owner-checked.
+        done.settle(
+            late=lambda index, reply: release if isinstance(reply, NoReply) else None,
+            send_late=True,
+        )
         for i, reply in enumerate(done.results):
             if reply == PUBLISH_REFUSED:
                 warn_wakeup_refused(self._labels[i], "PUBLISH")
+            elif isinstance(reply, redis_errors.ConnectionError):
+                # The connection broke under it (it may not have run): once more on a new one,
+                # in the background, so that the key does not live until its TTL.
+                send_in_background(self.clients[i], release)
         return self._rules.released(done.results)
 
     async def _extend_value(self, value: bytes, seconds: float, replace: bool) -> bool:
