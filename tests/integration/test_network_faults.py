@@ -28,7 +28,7 @@ import tasklock
 from tasklock.core.base import BaseLock
 from tasklock.core.redlock import Redlock
 from tasklock.errors import QuorumNotReached
-from tests.support.polling import eventually, holds_for
+from tests.support.polling import async_eventually, async_holds_for, eventually, holds_for
 from tests.support.servers import RedisServer, start_servers
 from tests.support.tcp_proxy import TcpProxy
 
@@ -232,10 +232,8 @@ def test_asyncio_a_slow_link_costs_time_never_the_hold(
         lock = AsyncLock(client, "net:async-slow", timeout=TTL, watchdog=True)
         assert await lock.acquire(blocking=False)
         value = direct.get("net:async-slow")
-        deadline = asyncio.get_running_loop().time() + 6 * TTL
-        while asyncio.get_running_loop().time() < deadline:
-            assert direct.get("net:async-slow") == value, "lost over a slow link"
-            await asyncio.sleep(0.01)
+        await async_holds_for(lambda: direct.get("net:async-slow") == value, 6 * TTL,
+                              what="held over a slow link")  # fmt: skip
         lost = bool(lock.lost)
         await lock.release()
         await client.aclose()
@@ -260,19 +258,17 @@ def test_asyncio_redlock_release_reaches_a_master_whose_connection_was_broken(
 
     direct = [server.client() for server in servers]
 
-    async def scenario() -> bool:
+    async def scenario() -> None:
         clients = [aioredis.Redis(host="127.0.0.1", port=p.port) for p in proxies]
         lock = AsyncRedlock(clients, "net:late-release", timeout=10, node_timeout=NODE_TIMEOUT)
         # A round ends at a quorum: a master whose connection was still being made (or busy
         # with the previous round's reply) may not get the SET. Take it until all three have.
         for _ in range(50):
             assert await lock.acquire(blocking=False)
-            until = asyncio.get_running_loop().time() + 0.5
-            while asyncio.get_running_loop().time() < until:
-                if all(c.exists("net:late-release") for c in direct):
-                    break
-                await asyncio.sleep(0.01)
-            else:
+            try:
+                await async_eventually(lambda: all(c.exists("net:late-release") for c in direct),
+                                       "held on every master", timeout=0.5)  # fmt: skip
+            except AssertionError:
                 await lock.release()
                 continue
             break
@@ -283,16 +279,12 @@ def test_asyncio_redlock_release_reaches_a_master_whose_connection_was_broken(
             await asyncio.sleep(0.2)  # the event loop reads the reset: that connection is gone
         await lock.release()  # a quorum (the first two) released in the round
         # Keep the loop running while the late release is sent and answered.
-        deadline = asyncio.get_running_loop().time() + 5
-        while direct[2].exists("net:late-release"):
-            if asyncio.get_running_loop().time() > deadline:
-                return False
-            await asyncio.sleep(0.01)
+        await async_eventually(lambda: not direct[2].exists("net:late-release"),
+                               "the release reached the third master", timeout=5)  # fmt: skip
         for client in clients:
             await client.aclose()
-        return True
 
-    assert asyncio.run(scenario()), "the third master kept the key after the release"
+    asyncio.run(scenario())
     assert not any(c.exists("net:late-release") for c in direct)
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["eventually", "holds_for"]
+__all__ = ["async_eventually", "async_holds_for", "eventually", "holds_for"]
 
 T = TypeVar("T")
 
@@ -39,3 +40,30 @@ def holds_for(
         checks += 1
         time.sleep(interval)
     return checks
+
+
+async def async_eventually(
+    predicate: Callable[[], Any], what: str, timeout: float = 10.0, interval: float = 0.01
+) -> Any:
+    """:func:`eventually` inside an event loop: ``predicate()`` may be sync or async, and the
+    loop keeps running (a watchdog task, a late reply) while it waits."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not true within {timeout}s: {what}")
+        await asyncio.sleep(interval)
+
+
+async def async_holds_for(
+    predicate: Callable[[], object], duration: float, what: str, interval: float = 0.01
+) -> None:
+    """:func:`holds_for` inside an event loop (``predicate`` is sync)."""
+    deadline = asyncio.get_running_loop().time() + duration
+    while asyncio.get_running_loop().time() < deadline:
+        assert predicate(), f"stopped being true: {what}"
+        await asyncio.sleep(interval)

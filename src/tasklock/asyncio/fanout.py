@@ -164,7 +164,7 @@ class _Slot:
             self.write(follow.self_contained())
             self.conn.reader.expect(_discard)
         else:
-            spawn(_bounded(self.client, follow, REAP_AFTER))
+            send_in_background(self.client, follow)
 
     def call_hook(self, reply: Any) -> Op | None:
         if self.hook is None:
@@ -283,15 +283,15 @@ class AsyncRound:
                     slot.write(follow.self_contained())
                     conn.reader.expect(_discard)
                 else:  # no connection of ours (no lane, or it broke): best effort, anew
-                    spawn(_bounded(slot.client, follow, REAP_AFTER))
+                    send_in_background(slot.client, follow)
             if conn is not None:
                 slot.reaper = loop.call_later(REAP_AFTER, slot.give_up)
 
 
 def send_in_background(client: Any, op: Op) -> None:
-    """Send ``op`` once more, best effort, on a connection of ``client``'s own pool and bounded
-    by REAP_AFTER: for a command that is harmless late (an owner-checked release) whose lane
-    connection broke under it, so that it may not have run."""
+    """Send ``op``, best effort, on a connection of ``client``'s own pool and bounded by
+    REAP_AFTER: a follow-up or undo whose lane connection is gone, or a command that is harmless
+    late (an owner-checked release) whose lane connection broke under it."""
     spawn(_bounded(client, op, REAP_AFTER))
 
 

@@ -16,6 +16,7 @@ import tasklock
 from tasklock.asyncio import Lock
 from tasklock.asyncio.watchdog import get_async_watchdog
 from tasklock.core.keys import wake_channel
+from tests.support.polling import async_eventually as eventually
 from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -24,20 +25,6 @@ pytestmark = pytest.mark.timeout(60)
 #: the lock well before that was woken by the release.
 BIG_SLEEP = 30.0
 WAKE_DEADLINE = 10.0
-
-
-async def eventually(predicate, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    """Await until ``predicate()`` (sync or async) is truthy, or fail after ``timeout``."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.01)
 
 
 async def subscribers(r: aioredis.Redis, name: str) -> int:

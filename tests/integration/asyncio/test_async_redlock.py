@@ -16,6 +16,7 @@ import tasklock
 from tasklock.asyncio import Redlock
 from tasklock.core.keys import wake_channel
 from tasklock.errors import QuorumNotReached
+from tests.support.polling import async_eventually as eventually
 from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,20 +29,6 @@ ACQUIRE_BOUND = 3 * NODE_TIMEOUT + SLACK  # round 1, round 2, undo: each bounded
 BIG_SLEEP = 30.0
 WAKE_DEADLINE = 10.0
 CLEANUP = 10.0  # well below the 30 s TTL: a key gone by then was deleted, not expired
-
-
-async def eventually(predicate, what: str, timeout: float = 10.0) -> Any:  # type: ignore[no-untyped-def]
-    """Await until ``predicate()`` (sync or async) is truthy, or fail after ``timeout``."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def connect(servers: list[RedisServer]) -> list[aioredis.Redis]:
