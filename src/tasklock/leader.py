@@ -12,12 +12,13 @@ task layer's ``url``/``urls`` choose), taken with the watchdog on: its TTL is re
 of ``ttl`` while the process lives, a dead leader's lock frees itself within ``ttl``, and the
 term is the hold's fencing token, strictly increasing from one leader to the next.
 
-Why :attr:`Leader.is_leader` looks at the clock, not only at ``lost``: a leader paused past its
-TTL (GC, SIGSTOP, a VM migration) resumes with its threads all at once, and its loop may ask
-"am I leader?" before the watchdog has had the round trip that would tell it no. So
-``is_leader`` also requires the lease to be alive by this process's own monotonic clock (which
-runs on while the process is stopped), less a margin for the clocks' drift: a resumed leader
-sees False at once, with no round trip, and never acts on a term it no longer holds. Where one
+Why :attr:`Leader.is_leader` looks at the clock, not only at the watchdog: a leader paused past
+its TTL (GC, SIGSTOP, a VM migration) resumes with its threads all at once, and its loop may ask
+"am I leader?" before the watchdog has had the round trip that would tell it no. So ``lost``,
+like every tasklock holder's, is also true once the lease has run out by this process's own
+monotonic clock (which runs on while the process is stopped), less a margin for the clocks'
+drift (:func:`tasklock.core.lease.drift_margin`): a resumed leader sees ``is_leader`` False at
+once, with no round trip, and never acts on a term it no longer holds. Where one
 round trip per action is affordable, :meth:`Leader.confirm` checks with the store too. And a
 term that is already stale by the time a write lands (a pause between the check and the write)
 is what fencing is for: pass ``election.fence`` to a fenced store (:mod:`tasklock.fencing`).
@@ -41,12 +42,6 @@ from tasklock.errors import BackendUnavailable, ConfigurationError, LockError
 __all__ = ["Leader"]
 
 log = logging.getLogger("tasklock")
-
-#: The local lease must have at least this fraction of ``ttl`` (plus :data:`MARGIN_SECONDS`)
-#: left for ``is_leader``: the drift between this process's clock and the store's, and the
-#: round trip of the acquire that the first local estimate does not know about.
-MARGIN_FRACTION = 0.02
-MARGIN_SECONDS = 0.05
 
 
 class Leader:
@@ -79,7 +74,6 @@ class Leader:
         self.on_lost = on_lost
         meta = {"role": "leader", **dict(owner_info or {})}
         self._lock = _leadership_lock(store, name, self.ttl, meta, self._lost_by_watchdog)
-        self._margin = self.ttl * MARGIN_FRACTION + MARGIN_SECONDS
         self._guard = threading.Lock()  # one campaign or resignation at a time
         # Where this Leader reports its terms (elected, resigned, stepped down, lost). A user of
         # the Leader that reports them itself in its own words (LeaderScheduler: "beat: became
@@ -108,18 +102,16 @@ class Leader:
 
     @property
     def lost(self) -> Any:
-        """Set when leadership was lost while held; ``lost.reason`` says why. Event-like:
-        ``election.lost.wait(5)``."""
+        """Truthy when leadership was lost while held: found gone by the watchdog, or its lease
+        run out by this process's clock; ``lost.reason`` says which. Event-like:
+        ``election.lost.wait(5)`` returns at either."""
         return self._lock.lost
 
     @property
     def is_leader(self) -> bool:
-        """Whether this process leads now, by its own view: elected, not lost, and the lease
-        alive by its own clock less a drift margin (no round trip; see the module docstring)."""
-        if self._lock.fence is None or self._lock.lost:
-            return False
-        left = self._lock.lease_left()
-        return left is not None and left > self._margin
+        """Whether this process leads now, by its own view: elected and not lost, by the
+        watchdog nor by its own clock (no round trip; see the module docstring)."""
+        return self._lock.fence is not None and not self._lock.lost
 
     def leader(self) -> Holder | None:
         """Who leads now (one round trip): the holder's metadata (host, pid, ...), or None."""
@@ -189,7 +181,7 @@ class Leader:
 
     def _step_down(self, reason: str) -> None:
         flag = self._lock.lost
-        if not flag:
+        if not flag.is_set():
             flag.reason = reason
             flag.set()
         log.log(self._warn_level, "%s: stepped down (term %s): %s", self.name, self.fence, reason)

@@ -15,9 +15,10 @@ import pytest
 import redis
 
 from tasklock import Leader
-from tasklock.core.clock import SystemClock, use_clock
+from tasklock.core.clock import use_clock
 from tasklock.errors import ConfigurationError
 from tasklock.fencing.redis import fenced_set
+from tests.support.clocks import ClockAhead
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
 
@@ -113,7 +114,7 @@ LEADER = """
 import sys, time
 import redis
 from tasklock import Leader
-from tasklock.core.clock import SystemClock, use_clock
+from tasklock.core.clock import use_clock
 from tasklock.fencing.redis import fenced_set
 
 url, name = sys.argv[1], sys.argv[2]
@@ -218,33 +219,17 @@ def test_resign_then_campaign_gives_a_new_term(redis_server: RedisServer) -> Non
     assert len(set(terms)) == 3
 
 
-class _Later:
-    """The system clock, ``ahead`` seconds on: what a process resumed after a pause sees."""
-
-    def __init__(self, ahead: float) -> None:
-        self.real = SystemClock()
-        self.ahead = ahead
-
-    def monotonic(self) -> float:
-        return self.real.monotonic() + self.ahead
-
-    def wall(self) -> float:
-        return self.real.wall() + self.ahead
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        return self.real.wait(event, timeout)
-
-
 def test_is_leader_reads_the_lease_off_its_own_clock(redis_server: RedisServer) -> None:
     """The pause case, made exact: with this process's clock a TTL on (as after a SIGSTOP),
     is_leader is False at once, before any round trip could have told it so."""
     leader = Leader(redis_server.url, "cron:clock", ttl=30)
     assert leader.campaign()
     assert leader.is_leader
-    previous = use_clock(_Later(30))
+    previous = use_clock(ClockAhead(30))
     try:
         assert not leader.is_leader
-        assert not leader.lost  # nothing told it: its own clock did
+        assert leader.lost  # nothing told it: its own clock did
+        assert not leader.lost.is_set()
     finally:
         use_clock(previous)
     leader.resign()

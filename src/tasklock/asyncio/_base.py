@@ -19,6 +19,7 @@ Three things differ from the blocking driver, and only these:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable
@@ -29,7 +30,15 @@ from typing import Any, Literal, Protocol, Self
 from tasklock.asyncio.background import keep
 from tasklock.asyncio.watchdog import AsyncWatchdog, get_async_watchdog
 from tasklock.core.clock import clock
-from tasklock.core.lease import GIVE_UP, Attempt, Hold, LeaseCore, Number, check_seconds
+from tasklock.core.lease import (
+    GIVE_UP,
+    Attempt,
+    ClockedLost,
+    Hold,
+    LeaseCore,
+    Number,
+    check_seconds,
+)
 from tasklock.core.owner import Holder, parse_value
 from tasklock.core.renewal import Renewal
 from tasklock.errors import LockError
@@ -45,14 +54,29 @@ def _log_failed_leave(leaving: asyncio.Future[None]) -> None:
 __all__ = ["AsyncBaseLock", "AsyncLostFlag", "TaskLocal"]
 
 
-class AsyncLostFlag(asyncio.Event):
-    """Set when the watchdog finds the lock gone. Truthy when set (``if lock.lost:``), and
-    awaitable (``await lock.lost.wait()``, with ``asyncio.timeout`` for a bound)."""
+class AsyncLostFlag(asyncio.Event, ClockedLost):
+    """``lock.lost`` of an asyncio lock (see :class:`tasklock.core.lease.ClockedLost`): truthy
+    when lost (``while not lock.lost:``), and awaitable: ``await lock.lost.wait()`` (with
+    ``asyncio.timeout`` for a bound) returns as soon as the watchdog finds the hold gone or its
+    lease runs out by this process's clock, whichever is first."""
 
-    reason: str | None = None
+    def __init__(self, hold: Hold | None = None) -> None:
+        super().__init__()
+        self._setup(hold)
 
-    def __bool__(self) -> bool:
+    def _is_set(self) -> bool:
         return self.is_set()
+
+    async def wait(self) -> Literal[True]:
+        while not self:
+            at = self.lost_at()
+            if at is None:
+                return await super().wait()
+            # Until the lease's end by the clock; a renewal meanwhile moves it: look again then.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, at - clock.monotonic())):
+                    return await super().wait()
+        return True
 
 
 #: Per context: each task-local lock's attributes. The mapping is copied on every write, so a
@@ -186,6 +210,7 @@ class AsyncBaseLock(LeaseCore):
 
     def _end_this_hold(self, hold: Hold) -> None:
         """End ``hold`` (stop renewing; clear the token if it is still this context's hold)."""
+        hold.ended = True
         if hold.renewal is not None:
             self._watchdog().unwatch(hold.renewal)
         if getattr(self.local, "hold", None) is hold:
@@ -327,17 +352,21 @@ class AsyncBaseLock(LeaseCore):
         """Add ``additional_time`` seconds to the TTL (or set it to that, with ``replace_ttl``)."""
         check_seconds("additional_time", additional_time, allow_none=False, allow_zero=False)
         hold = self._require_hold("extend")
+        sent = clock.monotonic()
         if not await self._extend_value(hold.value, float(additional_time), replace_ttl):
             self._end_this_hold(hold)
             self._not_owned(hold, "extend")
+        hold.extended(sent, float(additional_time), replace_ttl)
         return True
 
     async def reacquire(self) -> Literal[True]:
         """Reset the TTL to the lock's full TTL."""
         hold = self._require_hold("reacquire")
+        sent = clock.monotonic()
         if not await self._extend_value(hold.value, self.ttl, True):
             self._end_this_hold(hold)
             self._not_owned(hold, "reacquire")
+        hold.extended(sent, self.ttl, True)
         return True
 
     async def owned(self) -> bool:

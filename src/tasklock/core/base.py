@@ -174,17 +174,21 @@ class BaseLock(LeaseCore):
         """Add ``additional_time`` seconds to the TTL (or set it to that, with ``replace_ttl``)."""
         check_seconds("additional_time", additional_time, allow_none=False, allow_zero=False)
         hold = self._require_hold("extend")
+        sent = clock.monotonic()
         if not self._extend_value(hold.value, float(additional_time), replace_ttl):
             self._end_hold()
             self._not_owned(hold, "extend")
+        hold.extended(sent, float(additional_time), replace_ttl)
         return True
 
     def reacquire(self) -> Literal[True]:
         """Reset the TTL to the lock's full TTL."""
         hold = self._require_hold("reacquire")
+        sent = clock.monotonic()
         if not self._extend_value(hold.value, self.ttl, True):
             self._end_hold()
             self._not_owned(hold, "reacquire")
+        hold.extended(sent, self.ttl, True)
         return True
 
     def owned(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tasklock.core.clock import use_clock
 from tasklock.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -23,6 +24,7 @@ from tasklock.errors import (
 from tasklock.etcd import Client, Lock
 from tasklock.etcd.protocol import b64
 from tests.integration.etcd.conftest import EtcdServer
+from tests.support.clocks import ClockAhead
 from tests.support.polling import eventually, holds_for
 from tests.support.servers import free_port
 
@@ -260,3 +262,18 @@ def test_bad_arguments_are_configuration_errors() -> None:
         Lock("etcd://127.0.0.1:2379", "x", timeout=0.5)
     with pytest.raises(ConfigurationError, match="endpoints_or_client"):
         Lock(42, "x")  # type: ignore[arg-type]
+
+
+def test_lost_reads_the_lease_off_this_process_clock(etcd: EtcdServer) -> None:
+    """As every holder's: a lease run out by this process's clock is lost at once, before any
+    keep-alive could tell (tests/integration/test_lost_by_clock.py has the paused processes)."""
+    lock = Lock(Client(etcd.url), lock_name(), timeout=5)
+    assert lock.acquire()
+    previous = use_clock(ClockAhead(5))
+    try:
+        assert lock.lost
+        assert lock.lost.reason.startswith("lease ran out by this process's clock")
+    finally:
+        use_clock(previous)
+    assert not lock.lost
+    lock.release()
