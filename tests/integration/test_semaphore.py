@@ -232,7 +232,10 @@ def test_processes_and_threads_never_exceed_the_limit(
 
 def _hold_until_killed(port: int, started: str) -> None:
     """Take a permit (renewed by the watchdog), say so, and hold it until SIGKILLed."""
-    sem = tasklock.Semaphore(redis.Redis(port=port), "pool", LIMIT, timeout=1)
+    # watchdog=True: an explicit timeout alone turns the watchdog off (redis-py's meaning), and
+    # a permit that expired by itself after 1 s while the test still counted it as held made a
+    # slow start of the contenders look like LIMIT + 1 holders at once.
+    sem = tasklock.Semaphore(redis.Redis(port=port), "pool", LIMIT, timeout=1, watchdog=True)
     requested = time.monotonic_ns()
     assert sem.acquire(blocking_timeout=30)
     Path(started).write_text(f"{requested} {time.monotonic_ns()} {sem.fence}")
