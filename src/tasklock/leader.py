@@ -74,7 +74,11 @@ class Leader:
         self.on_lost = on_lost
         meta = {"role": "leader", **dict(owner_info or {})}
         self._lock = _leadership_lock(store, name, self.ttl, meta, self._lost_by_watchdog)
-        self._guard = threading.Lock()  # one campaign or resignation at a time
+        # One campaign or resignation at a time, re-entrant: a signal handler runs on the thread
+        # it interrupts, so celery beat's SIGTERM handler resigns (through the scheduler's
+        # close()) on the very thread that is waiting for leadership with this guard held; a
+        # plain lock made that standby wait on itself for ever.
+        self._guard = threading.RLock()
         # Where this Leader reports its terms (elected, resigned, stepped down, lost). A user of
         # the Leader that reports them itself in its own words (LeaderScheduler: "beat: became
         # leader of ...") sets it to DEBUG, so each event is logged once, not twice.

@@ -221,6 +221,27 @@ def test_sigterm_the_leader_right_after_a_tick_no_tick_twice(
     assert any("resume from the last leader's runs" in beat.log() for beat in started)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_standby_exits_on_sigterm_and_sigint(
+    beats: tuple[list[Beat], str], client: redis.Redis, signum: int
+) -> None:
+    """A standby waits for leadership inside ``tick()``; beat's signal handler runs on that same
+    thread and closes the scheduler, which resigns. It used to wait on the Leader's guard that
+    its own campaign held, for ever (issue 32): every rolling restart waited out the SIGKILL."""
+    started, run = beats
+    wait_for_ticks(client, run, 1, timeout=30)
+    leading = leader_pid(client)
+    standbys = [beat for beat in started if beat.pid != leading]
+    standby = standbys[0]
+    eventually(lambda: "waiting:" in standby.log(), timeout=30, what="the standby waiting")
+    standby.signal(signum)
+    try:
+        standby.process.wait(30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the standby did not exit on {signal.Signals(signum).name}")
+    assert leader_pid(client) == leading  # the leader went on, undisturbed
+
+
 def test_sigstop_the_leader_past_its_ttl_no_double_tick_when_it_resumes(
     beats: tuple[list[Beat], str], client: redis.Redis
 ) -> None:
