@@ -43,6 +43,7 @@ from celery.utils.imports import symbol_by_name
 from tasklock.backends import is_etcd_url
 from tasklock.config import resolve_options
 from tasklock.core.connection import client_for_url
+from tasklock.core.lease import check_seconds
 from tasklock.errors import BackendUnavailable, ConfigurationError
 from tasklock.leader import Leader
 
@@ -71,6 +72,7 @@ def beat_ttl(conf: Any) -> float:
         raise ConfigurationError(
             f"tasklock_beat_ttl must be a number of seconds >= 1, got {value!r}"
         )
+    check_seconds("tasklock_beat_ttl", value, allow_none=False, allow_zero=False)  # inf, a year
     return float(value)
 
 

@@ -35,6 +35,7 @@ from typing import Any
 from tasklock.backends import etcd_client, is_etcd_url
 from tasklock.core.base import BaseLock, Number
 from tasklock.core.connection import client_for_url
+from tasklock.core.lease import check_seconds
 from tasklock.core.lock import Lock
 from tasklock.core.owner import Holder
 from tasklock.errors import BackendUnavailable, ConfigurationError, LockError
@@ -66,8 +67,12 @@ class Leader:
         on_elected: Callable[[Leader], Any] | None = None,
         on_lost: Callable[[Leader], Any] | None = None,
     ) -> None:
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
-            raise ConfigurationError(f"Leader ttl must be a number of seconds > 0, got {ttl!r}")
+        check_seconds("Leader ttl", ttl, allow_none=False, allow_zero=False)
+        for option, callback in (("on_elected", on_elected), ("on_lost", on_lost)):
+            if callback is not None and not callable(callback):
+                raise ConfigurationError(
+                    f"Leader {option} must be a callable taking the Leader, got {callback!r}"
+                )
         self.name = name
         self.ttl = float(ttl)
         self.on_elected = on_elected

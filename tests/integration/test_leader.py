@@ -102,10 +102,21 @@ def test_confirm_steps_down_when_the_store_lost_the_term(
     leader.resign()
 
 
-@pytest.mark.parametrize("ttl", [0, -1, "10", True])
+@pytest.mark.parametrize("ttl", [0, -1, "10", True, float("nan"), float("inf"), 10**9])
 def test_a_bad_ttl_is_refused(redis_server: RedisServer, ttl: object) -> None:
-    with pytest.raises(ConfigurationError, match="Leader ttl"):
+    with pytest.raises(ConfigurationError, match="^Leader ttl must be"):
         Leader(redis_server.url, "cron:bad", ttl=ttl)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("option", ["on_elected", "on_lost"])
+def test_a_callback_that_is_not_callable_is_refused(
+    r: redis.Redis, redis_server: RedisServer, option: str
+) -> None:
+    """Refused when made: accepted, ``on_elected=5`` raised TypeError in ``campaign()`` after the
+    lock was taken, and nothing released it."""
+    with pytest.raises(ConfigurationError, match=f"Leader {option} must be a callable"):
+        Leader(redis_server.url, "cron:callback", ttl=5, **{option: 5})
+    assert not r.exists("cron:callback")
 
 
 # -- real processes --------------------------------------------------------------------------------

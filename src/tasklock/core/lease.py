@@ -58,7 +58,7 @@ MAX_POLL_INTERVAL = 1.0
 #: when the script runs, as a bare ResponseError.
 MAX_TTL = 365 * 86400.0
 #: The options that set a TTL (the others are waits, where any length is fine).
-_TTL_OPTIONS = ("timeout", "additional_time")
+_TTL_OPTIONS = ("timeout", "additional_time", "Leader ttl", "tasklock_beat_ttl")
 
 Number = int | float
 

@@ -283,9 +283,9 @@ def _app(redis_server: RedisServer, **conf: Any) -> Celery:
     return app
 
 
-@pytest.mark.parametrize("ttl", [0.5, 0, "10", True])
+@pytest.mark.parametrize("ttl", [0.5, 0, "10", True, float("nan"), float("inf"), 10**9])
 def test_a_bad_tasklock_beat_ttl_is_refused(redis_server: RedisServer, ttl: object) -> None:
-    with pytest.raises(ConfigurationError, match="tasklock_beat_ttl"):
+    with pytest.raises(ConfigurationError, match="^tasklock_beat_ttl must be"):
         LeaderScheduler(_app(redis_server, tasklock_beat_ttl=ttl), lazy=True)
 
 
