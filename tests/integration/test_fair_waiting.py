@@ -28,10 +28,10 @@ def queued(r: redis.Redis, name: str) -> list[bytes]:
 
 
 def token_of(value: bytes) -> bytes:
-    """The owner token in a stored value (``<token>#<fence>``) or a queued waiter
-    (``<wake id> <token>``)."""
+    """The owner token's random part (what names an owner across its retries) in a stored value
+    (``<token>#<fence>``) or a queued waiter (``<wake id> <token id>``)."""
     if b"#" in value:
-        return value.rpartition(b"#")[0]
+        return value.rpartition(b"#")[0].split(b" ", 1)[0]
     return value.split(b" ", 1)[1]
 
 

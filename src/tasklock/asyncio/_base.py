@@ -257,6 +257,7 @@ class AsyncBaseLock(LeaseCore):
                     continue
                 assert waiter is not None  # (SUBSCRIBE always comes first)
                 await waiter.wait(step)
+                owner = rules.retry_owner(owner)
         finally:
             if waiter is not None:
                 waiter.close()

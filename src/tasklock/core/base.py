@@ -147,6 +147,7 @@ class BaseLock(LeaseCore):
                     continue
                 assert waiter is not None  # (SUBSCRIBE always comes first)
                 waiter.wait(step)
+                owner = rules.retry_owner(owner)
         finally:
             if waiter is not None:
                 waiter.close()

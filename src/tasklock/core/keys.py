@@ -87,7 +87,7 @@ _wake_id = secrets.token_hex(4)
 
 def wake_id() -> str:
     """This process's wake id: eight hex digits, new in every process (and after a fork). A fair
-    waiter queues as ``<wake id> <owner token>``, so a release knows which process to wake."""
+    waiter queues as ``<wake id> <token id>``, so a release knows which process to wake."""
     return _wake_id
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasklock.core.keys import fence_counter_ttl_ms, queue_keys_for, wake_channel, wake_id
+from tasklock.core.owner import token_id
 from tasklock.core.queue_scripts import (
     FAIR_ACQUIRE,
     FAIR_PERMIT_ACQUIRE,
@@ -61,15 +62,17 @@ class Layout:
 
     def attempt_args(self, owner: str, waiting: bool) -> tuple[str, ...]:
         """The acquire's per-call arguments: the owner token, and (fair) whether it waits and
-        this process's wake id (read per call: a forked child has its own)."""
+        how it stands in the queue (:meth:`member`)."""
         if self.leave is None:
             return (owner,)
-        return (owner, "1" if waiting else "0", wake_id())
+        return (owner, "1" if waiting else "0", self.member(owner))
 
     @staticmethod
     def member(owner: str) -> str:
-        """How a waiter of this process with ``owner`` stands in a queue."""
-        return f"{wake_id()} {owner}"
+        """How a waiter of this process with ``owner`` stands in a queue: this process's wake id
+        (read per call: a forked child has its own) and the token's random part, which stays
+        the same when a retry restamps the token's time."""
+        return f"{wake_id()} {token_id(owner)}"
 
 
 def lock_layout(name: str, fence_key: str, ttl: float, fair: bool) -> Layout:

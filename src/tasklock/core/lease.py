@@ -23,7 +23,7 @@ from typing import Any, Final
 from tasklock.core.backoff import Backoff
 from tasklock.core.clock import clock
 from tasklock.core.keys import fence_key_for
-from tasklock.core.owner import new_token
+from tasklock.core.owner import new_token, restamped
 from tasklock.errors import ConfigurationError, LockError, LockLostError, LockNotOwnedError
 
 __all__ = [
@@ -128,7 +128,15 @@ class AcquireLoop:
     MAX_POLL_INTERVAL, never past the deadline nor past the holder's remaining TTL).
     """
 
-    __slots__ = ("_backoff", "_blocking", "_deadline", "_renew_every", "_sleep", "_subscribed")
+    __slots__ = (
+        "_backoff",
+        "_blocking",
+        "_deadline",
+        "_renew_every",
+        "_restamp",
+        "_sleep",
+        "_subscribed",
+    )
 
     def __init__(
         self,
@@ -136,6 +144,7 @@ class AcquireLoop:
         deadline: float | None,
         sleep: float,
         renew_every: float | None = None,
+        restamp: bool = False,
     ) -> None:
         self._blocking = blocking
         self._deadline = deadline
@@ -144,6 +153,14 @@ class AcquireLoop:
         self._renew_every = renew_every
         self._subscribed = False
         self._backoff: Backoff | None = None
+        #: The owner token is tasklock's own (not one the caller passed): each retry restamps it.
+        self._restamp = restamp
+
+    def retry_owner(self, owner: str) -> str:
+        """The token the next attempt stores: tasklock's own tokens get the time of that attempt
+        (so a holder's age counts from the attempt that took the lock, not from when it began
+        to wait); a caller's token is used as given."""
+        return restamped(owner) if self._restamp else owner
 
     @property
     def may_wait(self) -> bool:
@@ -492,7 +509,10 @@ class LeaseCore:
         else:
             owner = token.decode() if isinstance(token, bytes) else str(token)
         deadline = None if blocking_timeout is None else clock.monotonic() + blocking_timeout
-        return owner, AcquireLoop(bool(blocking), deadline, float(sleep), self._renew_every)
+        loop = AcquireLoop(
+            bool(blocking), deadline, float(sleep), self._renew_every, restamp=token is None
+        )
+        return owner, loop
 
     #: How often a waiter must try to keep its place in the queue (None: no queue). Set by
     #: fair locks (a third of WAITER_LIVENESS); a queued waiter waits for the release that names

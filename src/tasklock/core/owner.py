@@ -1,7 +1,8 @@
 """Owner tokens: 128 random bits from :mod:`secrets`, plus who holds the lock, readably.
 
 A token looks like ``9f1c…e2 {"host":"web-1","pid":4242,"at":1795000000.123,"task":"3b7…"}``
-(``at``: wall-clock time of the acquisition, for display and sorting only). The random part makes it
+(``at``: wall-clock time of the attempt that took the lock, for display and sorting only: a
+waiter's retries restamp it, see :func:`restamped`). The random part makes it
 unguessable and unique; the JSON part lets an operator (``tasklock ls``) see which host, process and
 task holds a lock. The stored lock value adds ``#<fence>`` (see :mod:`tasklock.core.scripts`).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import time
@@ -17,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Holder", "new_token", "parse_value"]
+__all__ = ["Holder", "new_token", "parse_value", "restamped", "token_id"]
 
 _meta_cache: tuple[int, str] | None = None
 
@@ -42,6 +44,23 @@ def new_token(extra: Mapping[str, Any] | None = None) -> str:
     if extra:
         meta += "," + json.dumps(dict(extra), separators=(",", ":"), default=str)[1:-1]
     return f"{secrets.token_hex(16)} {meta}}}"
+
+
+_STAMP = re.compile(r'(?<=[{,])"at":[0-9]+(?:\.[0-9]+)?')
+
+
+def restamped(token: str) -> str:
+    """``token`` with its ``at`` moved to now: what a waiter's next attempt stores, so that a
+    holder's age (``tasklock ls``, the admin page, the exporter) counts from the attempt that
+    took the lock, not from when the waiting began. The random part, which names the waiter in
+    a fair queue (:func:`token_id`), stays."""
+    return _STAMP.sub(f'"at":{time.time():.3f}', token, count=1)
+
+
+def token_id(token: str) -> str:
+    """What names an owner whatever its ``at``: the token's random part (all of a token that has
+    no metadata)."""
+    return token.partition(" ")[0]
 
 
 @dataclass(frozen=True)

@@ -9,19 +9,20 @@ cluster slot (see :func:`tasklock.core.keys.queue_keys_for`):
 * ``{name}:waiters``, a sorted set of the same tokens scored by their liveness deadline (ms, on the
   server's clock).
 
-A queued waiter is ``<wake id> <owner token>`` (the wake id names its process: eight hex digits,
-new in every process, see :func:`tasklock.core.keys.wake_id`). A waiter joins at the tail with the
-attempt it makes once its listener is subscribed to the lock's wake channel (so it cannot miss the
-release that makes it first), and renews its deadline with every later attempt; a free lock (or
-permit) may be taken only by the waiters at the head of the queue, or by anyone when the queue is
-empty. A release publishes ``tasklock:next <waiter>`` on the waiter's process channel (the lock's
-wake channel, ``@`` and the wake id), to which only that process's listener is subscribed: it
-wakes just the waiter named, and no other process hears of it (with 32 processes waiting, a
-message on the lock's channel woke 32 listeners per release on a 2-core machine, and slowed the
-hand-off for everyone). A waiter that gives up
-leaves the queue at once (and passes the wake-up on when the lock is free); one that died
-(SIGKILL, lost connection) stops renewing and is dropped when its deadline passes, by whichever
-attempt next finds it first. The queue keys expire with their last waiter.
+A queued waiter is ``<wake id> <token id>`` (the wake id names its process: eight hex digits, new
+in every process, see :func:`tasklock.core.keys.wake_id`; the token id is the owner token's random
+part, the same across a waiter's retries, see :func:`tasklock.core.owner.token_id`). A waiter joins
+at the tail with the attempt it makes once its listener is subscribed to the lock's wake channel
+(so it cannot miss the release that makes it first), and renews its deadline with every later
+attempt; a free lock (or permit) may be taken only by the waiters at the head of the queue, or by
+anyone when the queue is empty. A release publishes ``tasklock:next <waiter>`` on the waiter's
+process channel (the lock's wake channel, ``@`` and the wake id), to which only that process's
+listener is subscribed: it wakes just the waiter named, and no other process hears of it (with 32
+processes waiting, a message on the lock's channel woke 32 listeners per release on a 2-core
+machine, and slowed the hand-off for everyone). A waiter that gives up leaves the queue at once
+(and passes the wake-up on when the lock is free); one that died (SIGKILL, lost connection) stops
+renewing and is dropped when its deadline passes, by whichever attempt next finds it first. The
+queue keys expire with their last waiter.
 
 One copy of the queue's rules: every script below starts with :data:`QUEUE_FUNCTIONS`.
 """
@@ -134,9 +135,9 @@ end
 )
 
 # KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters' deadlines
-# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] this
-# process's wake id, ARGV[4] TTL in ms, ARGV[5] the fence counter's TTL in ms, ARGV[6] a waiter's
-# liveness in ms
+# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] how it
+# stands in the queue ("<wake id> <token id>", tasklock.core.layouts.Layout.member), ARGV[4] TTL
+# in ms, ARGV[5] the fence counter's TTL in ms, ARGV[6] a waiter's liveness in ms
 # Returns {1, fence} when acquired, or {0, ms}: ms until the holder's key expires (-1: no TTL),
 # or, when the lock is free but others are queued first, until the first one's deadline. The
 # fence and the idempotent retry are ACQUIRE's (see tasklock.core.scripts).
@@ -144,7 +145,7 @@ FAIR_ACQUIRE = Script(
     "fair_acquire",
     QUEUE_FUNCTIONS
     + """
-local member = ARGV[3] .. ' ' .. ARGV[1]
+local member = ARGV[3]
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 then
   local own = fence_of(redis.pcall('GET', KEYS[1]), ARGV[1])
@@ -196,7 +197,7 @@ return 0
 # queue at once; when the lock (or a permit) is free, the waiters now first are woken, in case
 # the wake-up had gone to the one leaving.
 # KEYS[1] lock key (or permits), KEYS[2] queue, KEYS[3] waiters' deadlines
-# ARGV[1] the waiter ("<wake id> <owner token>"), ARGV[2] wake channel, ARGV[3] limit (1: a lock)
+# ARGV[1] the waiter ("<wake id> <token id>"), ARGV[2] wake channel, ARGV[3] limit (1: a lock)
 # Returns 1.
 LEAVE_QUEUE = Script(
     "leave_queue",
@@ -222,16 +223,16 @@ return 1
 
 # A semaphore's acquire with the queue (see PERMIT_ACQUIRE for the permits themselves).
 # KEYS[1] permits, KEYS[2] fence counter, KEYS[3] queue, KEYS[4] waiters' deadlines
-# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] this
-# process's wake id, ARGV[4] TTL in ms, ARGV[5] the fence counter's TTL in ms, ARGV[6] limit,
-# ARGV[7] a waiter's liveness in ms
+# ARGV[1] owner token, ARGV[2] "1" = this attempt waits (join or stay queued), ARGV[3] how it
+# stands in the queue ("<wake id> <token id>", tasklock.core.layouts.Layout.member), ARGV[4] TTL
+# in ms, ARGV[5] the fence counter's TTL in ms, ARGV[6] limit, ARGV[7] a waiter's liveness in ms
 # Returns {1, fence}, or {0, ms until the first permit expires, or until the first queued
 # waiter's deadline when a permit is free but others are queued first}.
 FAIR_PERMIT_ACQUIRE = Script(
     "fair_permit_acquire",
     QUEUE_FUNCTIONS
     + """
-local member = ARGV[3] .. ' ' .. ARGV[1]
+local member = ARGV[3]
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'zset' and kind ~= 'none' then
   if ARGV[2] == '1' then

@@ -35,7 +35,7 @@ from typing import Any
 
 from tasklock.core.base import BaseLock
 from tasklock.core.lease import Attempt, Number
-from tasklock.core.owner import Holder, parse_value
+from tasklock.core.owner import Holder, parse_value, token_id
 from tasklock.core.permits import check_limit
 from tasklock.etcd import protocol
 from tasklock.etcd.client import Client
@@ -138,14 +138,14 @@ class PermitSteps(LockSteps[C, L]):
         yield Revoke(lease, self._acquiring)
         if not lock_held and self._pick_slot(taken) is not None:
             # Lost every race for a free slot: no delete to wait for, so try again at once.
-            self._watch_from.pop(token, None)
+            self._watch_from.pop(token_id(token), None)
             return Attempt(False, holder_ttl=0.0)
         if waiting:
             if lock_held:
-                self._watch_from[token] = WatchTarget(self._key, revision + 1)
+                self._watch_from[token_id(token)] = WatchTarget(self._key, revision + 1)
             else:
                 start, end = protocol.permit_range(self._key)
-                self._watch_from[token] = WatchTarget(start, revision + 1, end)
+                self._watch_from[token_id(token)] = WatchTarget(start, revision + 1, end)
         return Attempt(False)
 
     # -- release -------------------------------------------------------------------------------

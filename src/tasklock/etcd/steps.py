@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tasklock.core.lease import Attempt, LeaseCore, Number
+from tasklock.core.owner import token_id
 from tasklock.core.renewal import Outcome
 from tasklock.etcd import protocol
 
@@ -220,9 +221,9 @@ class LockSteps(LeaseCore, Generic[C, L]):
             if holder is None and protocol.permit_count(reply):
                 # A semaphore of the same name holds permits: wait for one of them to go.
                 start, end = protocol.permit_range(self._key)
-                self._watch_from[token] = WatchTarget(start, revision + 1, end)
+                self._watch_from[token_id(token)] = WatchTarget(start, revision + 1, end)
             else:
-                self._watch_from[token] = WatchTarget(self._key, revision + 1)
+                self._watch_from[token_id(token)] = WatchTarget(self._key, revision + 1)
             if holder is not None and holder.lease:
                 holder_ttl = yield from self._lease_left_steps(holder.lease)
         return Attempt(False, holder_ttl=holder_ttl)
@@ -240,7 +241,7 @@ class LockSteps(LeaseCore, Generic[C, L]):
 
     def _watch_target(self, token: str) -> WatchTarget | None:
         """What a waiting acquire of ``token`` watches, or None before its first failed attempt."""
-        return self._watch_from.get(token)
+        return self._watch_from.get(token_id(token))
 
     # -- release / extend ----------------------------------------------------------------------
     def _release_steps(self, value: bytes) -> Steps[bool]:
@@ -369,7 +370,7 @@ class WatchWaiter:
         return None if timeout <= 0 else self._lock._watch_target(self._token)
 
     def close(self) -> None:
-        self._lock._watch_from.pop(self._token, None)
+        self._lock._watch_from.pop(token_id(self._token), None)
 
 
 # -- watchdog ----------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def _probe(client: Any, layout: Layout) -> Any:
             layout.release(client, layout.release_keys, (value, *layout.release_tail))
         else:
             script, keys, tail = layout.leave
-            script(client, keys, (other, *tail))
+            script(client, keys, (layout.member(other), *tail))
     value = f"{owner}#{fence}".encode()
     return layout.release(client, layout.release_keys, (value, *layout.release_tail))
 
