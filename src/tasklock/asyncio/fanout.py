@@ -19,8 +19,8 @@ where Redis runs them after it, never before. A connection whose replies have no
 :data:`~tasklock.core.ops.REAP_AFTER` seconds is closed, and the hook hears NoReply (its
 follow-up then goes on a new connection, best effort). A command not yet sent when the caller
 leaves (its connection was still being made) is not sent at all, unless the caller asks for it
-(``send_late``: a release, harmless late and freeing the key sooner), and a late NOSCRIPT (the
-command did not run) is never run again behind an undo.
+(``send_late``: a release, harmless late and freeing the key sooner). A late NOSCRIPT (the
+command did not run) is run again, as EVAL, only for such a command; never an acquire's.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ class _Slot:
         "op",
         "reaper",
         "reply",
+        "rerun",
         "round",
         "sent",
         "stop",
@@ -110,6 +111,7 @@ class _Slot:
         self.reply: Any = PENDING
         self.hook: LateHook | None = None  # settle(late=...): what to do with a late reply
         self.reaper: asyncio.TimerHandle | None = None
+        self.rerun = False  # settle(send_late=True): a late NOSCRIPT runs it again, as EVAL
 
     def write(self, args: Sequence[Any], packed: dict[Any, bytes] | None = None) -> None:
         """Write a command on this slot's connection (cached bytes per round when given)."""
@@ -154,7 +156,18 @@ class _Slot:
         if self.reaper is not None:
             self.reaper.cancel()
         if isinstance(reply, NoScriptError):
-            return  # it never ran, and never will now
+            # It did not run. A command that is harmless late (a release) runs again, as EVAL:
+            # a master that had lost its scripts (restarted, SCRIPT FLUSH) and answered after
+            # the round was decided would otherwise keep the key until its TTL.
+            if self.rerun and not self.evaled:
+                self.evaled = True
+                if self.conn is not None and self.conn.usable:
+                    self.write(self.op.self_contained())
+                    self.conn.reader.expect(self.late)
+                    self.reaper = asyncio.get_running_loop().call_later(REAP_AFTER, self.give_up)
+                else:
+                    send_in_background(self.client, self.op)
+            return
         if isinstance(reply, redis_errors.ConnectionError):
             reply = NoReply(str(reply))
         follow = self.call_hook(reply)
@@ -267,12 +280,13 @@ class AsyncRound:
         (before any await), exactly once. ``send_late``: a command whose connection is still
         being made is sent once it is made (for a command that is harmless late, such as an
         owner-checked release: it frees the key long before its TTL would); its reply goes to
-        ``late``."""
+        ``late``; so does a late NOSCRIPT (it did not run): it is sent again, as EVAL."""
         loop = asyncio.get_running_loop()
         for slot in self._slots:
             if not self.outstanding[slot.index]:
                 continue
             slot.hook = late
+            slot.rerun = send_late
             if not slot.sent:
                 slot.stop = not send_late  # still connecting: sent when connected, or never
                 continue
