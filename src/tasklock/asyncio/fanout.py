@@ -83,6 +83,7 @@ class _Slot:
     __slots__ = (
         "client",
         "conn",
+        "deadline",
         "evaled",
         "hook",
         "index",
@@ -112,6 +113,8 @@ class _Slot:
         self.hook: LateHook | None = None  # settle(late=...): what to do with a late reply
         self.reaper: asyncio.TimerHandle | None = None
         self.rerun = False  # settle(send_late=True): a late NOSCRIPT runs it again, as EVAL
+        #: When this server counts as silent (loop time): set when written, or on connecting.
+        self.deadline = 0.0
 
     def write(self, args: Sequence[Any], packed: dict[Any, bytes] | None = None) -> None:
         """Write a command on this slot's connection (cached bytes per round when given)."""
@@ -130,6 +133,8 @@ class _Slot:
         self.write(self.op.args, packed)
         assert self.conn is not None
         self.conn.reader.expect(self.on_reply)
+        self.deadline = asyncio.get_running_loop().time() + self.round.timeout
+        self.round.rearm()  # the round's wait now ends at this server's own deadline
 
     def on_reply(self, reply: Any) -> None:
         """A reply (or the connection's loss) for this slot's command."""
@@ -145,6 +150,8 @@ class _Slot:
             self.write(self.op.self_contained())
             self.conn.reader.expect(self.on_reply)
             return
+        if self.lane is not None:
+            self.lane.failing = False
         if self.round.open:
             self.reply = reply
             self.round.changed()
@@ -196,15 +203,27 @@ class _Slot:
 
 
 class _Collector:
-    """A round while its caller waits: wakes it when decided, complete, or at the deadline."""
+    """A round while its caller waits: wakes it when decided, complete, or when every server
+    still silent is past its own deadline (``timeout`` after its command was written; a server
+    still connecting has its connect allowance instead)."""
 
-    __slots__ = ("decided", "open", "slots", "waiter")
+    __slots__ = ("decided", "open", "slots", "timeout", "waiter")
 
-    def __init__(self, decided: Callable[[list[Any]], bool] | None) -> None:
+    def __init__(self, decided: Callable[[list[Any]], bool] | None, timeout: float) -> None:
         self.decided = decided
+        self.timeout = timeout
         self.open = True
         self.slots: list[_Slot] = []
         self.waiter: asyncio.Future[None] | None = None
+
+    def latest_deadline(self) -> float:
+        return max((slot.deadline for slot in self.slots if slot.reply is PENDING), default=0.0)
+
+    def rearm(self) -> None:
+        """A deadline moved (a server connected and was written to): wake the caller, which
+        waits again until the new latest deadline."""
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     def replies(self) -> list[Any]:
         return [slot.reply for slot in self.slots]
@@ -225,12 +244,14 @@ async def _connect_and_send(slot: _Slot) -> None:
     try:
         connection = await slot.lane.connect()
     except Exception as exc:
+        slot.lane.failing = True
         if slot.round.open:
             slot.reply = exc
             slot.round.changed()
         elif not slot.stop:  # settle(send_late=True): it still goes, the ordinary way
             slot.late(NoReply(f"could not connect: {exc}"))
         return
+    slot.lane.failing = False
     if slot.stop:
         slot.lane.put(connection)  # connected too late: kept for later, never used for this
         return
@@ -315,14 +336,20 @@ async def fan_out(
     timeout: float,
     decided: Callable[[list[Any]], bool] | None = None,
     lanes: Sequence[AsyncLane | None] | None = None,
+    connect_timeout: float | None = None,
 ) -> AsyncRound:
     """Send ``ops[i]`` to ``clients[i]``, all at once; return when every server answered,
-    ``decided(results)`` is true (PENDING for the missing), or ``timeout`` seconds have passed.
+    ``decided(results)`` is true (PENDING for the missing), or every server still silent is
+    past its deadline: ``timeout`` seconds after its command was written. A server with no idle
+    connection first gets up to ``connect_timeout`` (default ``timeout``) to be connected, or
+    ``timeout`` in all when its last connect or round failed: time spent connecting a cold pool
+    (many tasks at once, each needing a connection per master) is not a master's silence.
     ``lanes[i]`` is ``async_lane_for(clients[i])``, for a caller that keeps them (a Redlock
     does: its masters do not change). Call :meth:`AsyncRound.settle` on the result."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    collector = _Collector(decided)
+    start = loop.time()
+    allowance = timeout if connect_timeout is None else connect_timeout
+    collector = _Collector(decided, timeout)
     slots = collector.slots
     if lanes is None:
         lanes = [async_lane_for(client) for client in clients]
@@ -331,6 +358,7 @@ async def fan_out(
     packed: dict[Any, bytes] = {}
     for slot in slots:
         lane = slot.lane
+        slot.deadline = start + (allowance if lane is not None and not lane.failing else timeout)
         if lane is None:
             spawn(_ordinary(slot, timeout))
             continue
@@ -346,19 +374,38 @@ async def fan_out(
             slot.sent = False
             spawn(_connect_and_send(slot))
     try:
-        if not collector.finished():
+        while not collector.finished():
+            left = collector.latest_deadline() - loop.time()
+            if left <= 0:
+                break
             collector.waiter = loop.create_future()
             try:
-                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                async with asyncio.timeout(left):
                     await collector.waiter
             except TimeoutError:
                 pass
     finally:
         collector.open = False
-    early = decided is not None and decided(collector.replies())
-    missing: Any = (
-        NotAwaited("the outcome was decided without it")
-        if early
-        else NoReply(f"no reply within {timeout * 1000:.0f} ms")
-    )
-    return AsyncRound(slots, [missing if s.reply is PENDING else s.reply for s in slots])
+    return AsyncRound(slots, _results(slots, decided, timeout))
+
+
+def _results(
+    slots: list[_Slot], decided: Callable[[list[Any]], bool] | None, timeout: float
+) -> list[Any]:
+    """Each server's reply, or why there is none (and the lanes that were silent are marked
+    failing: their next rounds get no connect allowance)."""
+    early = decided is not None and decided([slot.reply for slot in slots])
+    results: list[Any] = []
+    for slot in slots:
+        if slot.reply is not PENDING:
+            results.append(slot.reply)
+        elif early:
+            results.append(NotAwaited("the outcome was decided without it"))
+        else:
+            if slot.lane is not None:
+                slot.lane.failing = True
+            if slot.sent:
+                results.append(NoReply(f"no reply within {timeout * 1000:.0f} ms"))
+            else:
+                results.append(NoReply("could not connect in time"))
+    return results
