@@ -17,13 +17,17 @@ different counters). With two rounds, any two holds share a master on which the 
 its token while it held the lock there, before the later one's SET NX could succeed there; so the
 later hold reads a counter at least as high and gets a larger token.
 
-Every fan-out is parallel and bounded by ``node_timeout`` per master (see
-:mod:`tasklock.core.fanout`): a stopped, paused or partitioned master costs at most that, never a
-socket timeout. Extend and the watchdog's renewal go to every master and need a quorum within the
-validity time; a renewal that finds the lock gone on a majority marks it lost (``lock.lost``,
-``on_lost``). When a majority gives no verdict at all (errors, timeouts) the call raises
-:class:`~tasklock.errors.QuorumNotReached`, naming each failed master and why; a lock that is
-simply held by someone else is not an error (``acquire`` returns False, as with ``Lock``).
+Every fan-out is parallel and bounded by ``node_timeout`` per master from the moment its command
+is written (see :mod:`tasklock.core.fanout`): a stopped, paused or partitioned master costs at
+most that, never a socket timeout. A master with no idle connection first gets
+``connect_timeout`` to be connected: a cold pool is not a silent master. Extend and the
+watchdog's renewal go to every master and need a quorum within the validity time; a renewal that
+finds the lock gone on a majority marks it lost (``lock.lost``, ``on_lost``). When a majority
+gives no verdict at all (errors, timeouts), a blocking acquire undoes the round and retries it
+with the jittered backoff until its ``blocking_timeout``; then, or at once for a non-blocking
+acquire, a release or an extend, :class:`~tasklock.errors.QuorumNotReached` is raised, naming
+each failed master and why. A lock that is simply held by someone else is not an error
+(``acquire`` returns False, as with ``Lock``).
 
 How many masters: N = 2k + 1 tolerates k failed or unreachable masters (3 tolerates 1, 5
 tolerates 2). An even N tolerates no more than N - 1 and has one more master that can fail, so it
