@@ -20,6 +20,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -310,3 +311,64 @@ def test_redlock_release_reaches_a_master_whose_connection_was_broken(
     lock.release()
     eventually(lambda: not direct[2].exists("net:sync-late-release"), timeout=5,
                what="the release reached the third master")  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+def test_redlock_release_reaches_a_master_that_lost_its_scripts_and_answers_late(
+    servers: list[RedisServer], proxies: list[TcpProxy], kind: str
+) -> None:
+    """A master that has lost tasklock's scripts (restarted, or SCRIPT FLUSH) answers the
+    release's EVALSHA with NOSCRIPT after the others have decided the round: the release did not
+    run there, and must run again (as EVAL), not be dropped as "never ran". The asyncio Redlock
+    dropped it and the key lived until its TTL: the flake of test_async_redlock's
+    test_cycle_on_five_masters_with_strictly_increasing_fences under load, where the masters
+    are new (no script loaded yet) and the release to a master still busy with the round-2 write
+    needs a new connection, so its NOSCRIPT comes last. Here the proxy makes it come last."""
+    import redis.asyncio as aioredis
+
+    from tasklock.asyncio import Redlock as AsyncRedlock
+
+    name = f"net:noscript-{kind}"
+    direct = [server.client() for server in servers]
+
+    def on_every_master() -> bool:
+        return all(c.exists(name) for c in direct)
+
+    async def scenario() -> None:
+        clients: list[Any] = [aioredis.Redis(host="127.0.0.1", port=p.port) for p in proxies]
+        lock = AsyncRedlock(clients, name, timeout=10, node_timeout=NODE_TIMEOUT)
+        for _ in range(50):  # until the SET reached all three (a round ends at a quorum)
+            assert await lock.acquire(blocking=False)
+            try:
+                await async_eventually(on_every_master, "held on every master", timeout=0.5)
+            except AssertionError:
+                await lock.release()
+                continue
+            break
+        assert on_every_master(), "never held on every master"
+        direct[2].script_flush()
+        proxies[2].latency = 0.3  # its NOSCRIPT comes well after the others' releases
+        await lock.release()
+        await async_eventually(lambda: not direct[2].exists(name),
+                               "the release ran on the third master", timeout=5)  # fmt: skip
+        for client in clients:
+            await client.aclose()
+
+    if kind == "asyncio":
+        asyncio.run(scenario())
+        return
+    lock = Redlock([through(p) for p in proxies], name, timeout=10, node_timeout=NODE_TIMEOUT)
+    for _ in range(50):
+        assert lock.acquire(blocking=False)
+        try:
+            eventually(on_every_master, 0.5)
+        except AssertionError:
+            lock.release()
+            continue
+        break
+    assert on_every_master(), "never held on every master"
+    direct[2].script_flush()
+    proxies[2].latency = 0.3
+    lock.release()
+    eventually(lambda: not direct[2].exists(name), timeout=5,
+               what="the release ran on the third master")  # fmt: skip

@@ -15,14 +15,19 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from tasklock.core.fanout import PENDING, NoReply, NotAwaited
+from tasklock.core.lease import GIVE_UP, SUBSCRIBE
 from tasklock.core.owner import new_token, parse_value
 from tasklock.core.quorum import (
     DEFAULT_NODE_TIMEOUT,
+    NoVerdict,
+    Quorum,
+    QuorumLoop,
     Tally,
     Validity,
     attempt_value,
     check_node_count,
     decided_by,
+    default_connect_timeout,
     default_node_timeout,
     drift_for,
     fault_tolerance,
@@ -37,7 +42,7 @@ from tasklock.core.quorum import (
 )
 from tasklock.core.redlock import Redlock
 from tasklock.core.watchdog import Outcome
-from tasklock.errors import ConfigurationError
+from tasklock.errors import ConfigurationError, QuorumNotReached
 from tests.support.servers import free_port
 from tests.unit.conftest import FakeClock
 
@@ -217,15 +222,46 @@ def test_the_same_server_twice_is_refused() -> None:
         Redlock([f"redis://localhost:{port}/0", b, f"redis://127.0.0.1:{port}/1"], "x")
 
 
-def test_url_clients_get_the_node_deadline_as_socket_timeouts() -> None:
+def test_url_clients_get_the_connect_allowance_as_socket_timeouts() -> None:
+    """The rounds have deadlines of their own (node_timeout from each write); the clients' socket
+    timeouts only bound connecting (TCP, HELLO), which gets connect_timeout."""
     ports = [free_port() for _ in range(3)]
     lock = Redlock([f"redis://127.0.0.1:{p}/0" for p in ports], "x", node_timeout=0.07)
     for client in lock.clients:
         kwargs = client.connection_pool.connection_kwargs
-        assert kwargs["socket_timeout"] == 0.07
-        assert kwargs["socket_connect_timeout"] == 0.07
+        assert kwargs["socket_timeout"] == lock.connect_timeout
+        assert kwargs["socket_connect_timeout"] == lock.connect_timeout
     assert lock.quorum == 2
     assert lock.node_timeout == 0.07
+    assert lock.connect_timeout == 1.0
+
+
+def test_connect_allowance_defaults_and_bounds() -> None:
+    assert default_connect_timeout(30, 0.1) == 1.0
+    assert default_connect_timeout(2, 0.1) == 0.5  # a quarter of a short TTL
+    assert default_connect_timeout(0.3, 0.1) == 0.1  # never below node_timeout
+    assert Redlock(_clients(3), "x", timeout=5, connect_timeout=0.3).connect_timeout == 0.3
+    with pytest.raises(ConfigurationError, match="connect_timeout must be > 0"):
+        Redlock(_clients(3), "x", connect_timeout=0)
+
+
+def test_an_attempt_without_verdict_is_retried_until_the_caller_gives_up() -> None:
+    """A majority silent is not "held by someone else", nor an error while a blocking acquire
+    still has time: the loop waits and retries; the error comes when it gives up."""
+    rules = Quorum("x", ["a", "b", "c"], 2, 0.1, 10.0, 0.1, 0.01, 2.0)
+    silent = Tally(yes={0: 1}, failed={1: "NoReply: no reply", 2: "NoReply: no reply"})
+    attempt = rules.failed_attempt(silent)
+    assert isinstance(attempt, NoVerdict)
+    assert isinstance(attempt.error, QuorumNotReached)
+    held = rules.failed_attempt(Tally(no={0: 500, 1: 700}, failed={2: "x"}))
+    assert not isinstance(held, NoVerdict)
+    assert held.holder_ttl == 0.7
+    waiting = QuorumLoop(True, None, 0.1)
+    assert waiting.after_failure(attempt) == SUBSCRIBE
+    assert isinstance(waiting.after_failure(attempt), float)
+    with pytest.raises(QuorumNotReached, match="2 of 3 masters gave no verdict"):
+        QuorumLoop(False, None, 0.1).after_failure(attempt)
+    assert QuorumLoop(False, None, 0.1).after_failure(held) == GIVE_UP
 
 
 def test_renewal_judge() -> None:

@@ -19,8 +19,8 @@ where Redis runs them after it, never before. A connection whose replies have no
 :data:`~tasklock.core.ops.REAP_AFTER` seconds is closed, and the hook hears NoReply (its
 follow-up then goes on a new connection, best effort). A command not yet sent when the caller
 leaves (its connection was still being made) is not sent at all, unless the caller asks for it
-(``send_late``: a release, harmless late and freeing the key sooner), and a late NOSCRIPT (the
-command did not run) is never run again behind an undo.
+(``send_late``: a release, harmless late and freeing the key sooner). A late NOSCRIPT (the
+command did not run) is run again, as EVAL, only for such a command; never an acquire's.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ class _Slot:
     __slots__ = (
         "client",
         "conn",
+        "deadline",
         "evaled",
         "hook",
         "index",
@@ -90,6 +91,7 @@ class _Slot:
         "op",
         "reaper",
         "reply",
+        "rerun",
         "round",
         "sent",
         "stop",
@@ -110,6 +112,9 @@ class _Slot:
         self.reply: Any = PENDING
         self.hook: LateHook | None = None  # settle(late=...): what to do with a late reply
         self.reaper: asyncio.TimerHandle | None = None
+        self.rerun = False  # settle(send_late=True): a late NOSCRIPT runs it again, as EVAL
+        #: When this server counts as silent (loop time): set when written, or on connecting.
+        self.deadline = 0.0
 
     def write(self, args: Sequence[Any], packed: dict[Any, bytes] | None = None) -> None:
         """Write a command on this slot's connection (cached bytes per round when given)."""
@@ -128,6 +133,8 @@ class _Slot:
         self.write(self.op.args, packed)
         assert self.conn is not None
         self.conn.reader.expect(self.on_reply)
+        self.deadline = asyncio.get_running_loop().time() + self.round.timeout
+        self.round.rearm()  # the round's wait now ends at this server's own deadline
 
     def on_reply(self, reply: Any) -> None:
         """A reply (or the connection's loss) for this slot's command."""
@@ -143,6 +150,8 @@ class _Slot:
             self.write(self.op.self_contained())
             self.conn.reader.expect(self.on_reply)
             return
+        if self.lane is not None:
+            self.lane.failing = False
         if self.round.open:
             self.reply = reply
             self.round.changed()
@@ -154,7 +163,18 @@ class _Slot:
         if self.reaper is not None:
             self.reaper.cancel()
         if isinstance(reply, NoScriptError):
-            return  # it never ran, and never will now
+            # It did not run. A command that is harmless late (a release) runs again, as EVAL:
+            # a master that had lost its scripts (restarted, SCRIPT FLUSH) and answered after
+            # the round was decided would otherwise keep the key until its TTL.
+            if self.rerun and not self.evaled:
+                self.evaled = True
+                if self.conn is not None and self.conn.usable:
+                    self.write(self.op.self_contained())
+                    self.conn.reader.expect(self.late)
+                    self.reaper = asyncio.get_running_loop().call_later(REAP_AFTER, self.give_up)
+                else:
+                    send_in_background(self.client, self.op)
+            return
         if isinstance(reply, redis_errors.ConnectionError):
             reply = NoReply(str(reply))
         follow = self.call_hook(reply)
@@ -183,15 +203,27 @@ class _Slot:
 
 
 class _Collector:
-    """A round while its caller waits: wakes it when decided, complete, or at the deadline."""
+    """A round while its caller waits: wakes it when decided, complete, or when every server
+    still silent is past its own deadline (``timeout`` after its command was written; a server
+    still connecting has its connect allowance instead)."""
 
-    __slots__ = ("decided", "open", "slots", "waiter")
+    __slots__ = ("decided", "open", "slots", "timeout", "waiter")
 
-    def __init__(self, decided: Callable[[list[Any]], bool] | None) -> None:
+    def __init__(self, decided: Callable[[list[Any]], bool] | None, timeout: float) -> None:
         self.decided = decided
+        self.timeout = timeout
         self.open = True
         self.slots: list[_Slot] = []
         self.waiter: asyncio.Future[None] | None = None
+
+    def latest_deadline(self) -> float:
+        return max((slot.deadline for slot in self.slots if slot.reply is PENDING), default=0.0)
+
+    def rearm(self) -> None:
+        """A deadline moved (a server connected and was written to): wake the caller, which
+        waits again until the new latest deadline."""
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     def replies(self) -> list[Any]:
         return [slot.reply for slot in self.slots]
@@ -212,12 +244,14 @@ async def _connect_and_send(slot: _Slot) -> None:
     try:
         connection = await slot.lane.connect()
     except Exception as exc:
+        slot.lane.failing = True
         if slot.round.open:
             slot.reply = exc
             slot.round.changed()
         elif not slot.stop:  # settle(send_late=True): it still goes, the ordinary way
             slot.late(NoReply(f"could not connect: {exc}"))
         return
+    slot.lane.failing = False
     if slot.stop:
         slot.lane.put(connection)  # connected too late: kept for later, never used for this
         return
@@ -267,12 +301,13 @@ class AsyncRound:
         (before any await), exactly once. ``send_late``: a command whose connection is still
         being made is sent once it is made (for a command that is harmless late, such as an
         owner-checked release: it frees the key long before its TTL would); its reply goes to
-        ``late``."""
+        ``late``; so does a late NOSCRIPT (it did not run): it is sent again, as EVAL."""
         loop = asyncio.get_running_loop()
         for slot in self._slots:
             if not self.outstanding[slot.index]:
                 continue
             slot.hook = late
+            slot.rerun = send_late
             if not slot.sent:
                 slot.stop = not send_late  # still connecting: sent when connected, or never
                 continue
@@ -301,14 +336,20 @@ async def fan_out(
     timeout: float,
     decided: Callable[[list[Any]], bool] | None = None,
     lanes: Sequence[AsyncLane | None] | None = None,
+    connect_timeout: float | None = None,
 ) -> AsyncRound:
     """Send ``ops[i]`` to ``clients[i]``, all at once; return when every server answered,
-    ``decided(results)`` is true (PENDING for the missing), or ``timeout`` seconds have passed.
+    ``decided(results)`` is true (PENDING for the missing), or every server still silent is
+    past its deadline: ``timeout`` seconds after its command was written. A server with no idle
+    connection first gets up to ``connect_timeout`` (default ``timeout``) to be connected, or
+    ``timeout`` in all when its last connect or round failed: time spent connecting a cold pool
+    (many tasks at once, each needing a connection per master) is not a master's silence.
     ``lanes[i]`` is ``async_lane_for(clients[i])``, for a caller that keeps them (a Redlock
     does: its masters do not change). Call :meth:`AsyncRound.settle` on the result."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    collector = _Collector(decided)
+    start = loop.time()
+    allowance = timeout if connect_timeout is None else connect_timeout
+    collector = _Collector(decided, timeout)
     slots = collector.slots
     if lanes is None:
         lanes = [async_lane_for(client) for client in clients]
@@ -317,6 +358,7 @@ async def fan_out(
     packed: dict[Any, bytes] = {}
     for slot in slots:
         lane = slot.lane
+        slot.deadline = start + (allowance if lane is not None and not lane.failing else timeout)
         if lane is None:
             spawn(_ordinary(slot, timeout))
             continue
@@ -332,19 +374,38 @@ async def fan_out(
             slot.sent = False
             spawn(_connect_and_send(slot))
     try:
-        if not collector.finished():
+        while not collector.finished():
+            left = collector.latest_deadline() - loop.time()
+            if left <= 0:
+                break
             collector.waiter = loop.create_future()
             try:
-                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                async with asyncio.timeout(left):
                     await collector.waiter
             except TimeoutError:
                 pass
     finally:
         collector.open = False
-    early = decided is not None and decided(collector.replies())
-    missing: Any = (
-        NotAwaited("the outcome was decided without it")
-        if early
-        else NoReply(f"no reply within {timeout * 1000:.0f} ms")
-    )
-    return AsyncRound(slots, [missing if s.reply is PENDING else s.reply for s in slots])
+    return AsyncRound(slots, _results(slots, decided, timeout))
+
+
+def _results(
+    slots: list[_Slot], decided: Callable[[list[Any]], bool] | None, timeout: float
+) -> list[Any]:
+    """Each server's reply, or why there is none (and the lanes that were silent are marked
+    failing: their next rounds get no connect allowance)."""
+    early = decided is not None and decided([slot.reply for slot in slots])
+    results: list[Any] = []
+    for slot in slots:
+        if slot.reply is not PENDING:
+            results.append(slot.reply)
+        elif early:
+            results.append(NotAwaited("the outcome was decided without it"))
+        else:
+            if slot.lane is not None:
+                slot.lane.failing = True
+            if slot.sent:
+                results.append(NoReply(f"no reply within {timeout * 1000:.0f} ms"))
+            else:
+                results.append(NoReply("could not connect in time"))
+    return results

@@ -108,6 +108,7 @@ class AsyncLane:
         "_make",
         "encode",
         "encoding",
+        "failing",
         "timeout",
         "where",
     )
@@ -128,6 +129,9 @@ class AsyncLane:
         }
         self._idle: collections.deque[LaneConnection] = collections.deque()
         self.encode = encode
+        #: Set when a connect failed or a round found the server silent, cleared by its next
+        #: reply: a Redlock round then gives it no connect allowance (it is likely down).
+        self.failing = False
 
     def take_idle(self) -> LaneConnection | None:
         """An idle connection, or None (no await: a caller then connects, or a task does)."""

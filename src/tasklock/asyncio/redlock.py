@@ -36,6 +36,7 @@ from tasklock.core.quorum import (
     AttemptState,
     Classifier,
     Quorum,
+    RetriesNoVerdict,
     Validity,
     attempt_value,
     check_node_count,
@@ -66,13 +67,16 @@ def _is_async_client(item: Any) -> bool:
     )
 
 
-class Redlock(AsyncBaseLock):
+class Redlock(RetriesNoVerdict, AsyncBaseLock):
     """:class:`tasklock.Redlock` for asyncio: a lock over N independent Redis masters.
 
     ``clients`` is a list of ``redis.asyncio`` clients or Redis URLs (one per master; clients made
-    from URLs get socket timeouts equal to ``node_timeout``). The other parameters, the errors
-    (:class:`~tasklock.errors.QuorumNotReached` when a majority gives no verdict) and the
-    guarantees are :class:`tasklock.Redlock`'s; holds, cancellation and the watchdog are
+    from URLs get socket and connect timeouts equal to ``connect_timeout``). The other
+    parameters (``node_timeout`` runs from the moment a master's command is written; a master
+    being connected first gets ``connect_timeout``), the errors
+    (:class:`~tasklock.errors.QuorumNotReached` when a majority gives no verdict, raised by a
+    blocking acquire only once its ``blocking_timeout`` has passed) and the guarantees are
+    :class:`tasklock.Redlock`'s; holds, cancellation and the watchdog are
     :class:`tasklock.asyncio.Lock`'s.
     """
 
@@ -94,6 +98,7 @@ class Redlock(AsyncBaseLock):
         drift_factor: Number = DEFAULT_DRIFT_FACTOR,
         drift_extra_ms: Number = DEFAULT_DRIFT_EXTRA_MS,
         node_timeout: Number | None = None,
+        connect_timeout: Number | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -108,12 +113,14 @@ class Redlock(AsyncBaseLock):
             owner_info=owner_info,
         )
         self.fence_key = fence_key_or_default(fence_key, self.name)
-        chosen = timing(self.ttl, drift_factor, drift_extra_ms, node_timeout)
+        chosen = timing(self.ttl, drift_factor, drift_extra_ms, node_timeout, connect_timeout)
         self.drift = chosen.drift
         self.drift_factor = chosen.drift_factor
         self.drift_extra_ms = chosen.drift_extra_ms
         #: Seconds each master gets to answer each round.
         self.node_timeout = chosen.node_timeout
+        #: Seconds a master without an idle connection gets to be connected.
+        self.connect_timeout = chosen.connect_timeout
         #: The redis.asyncio clients, one per master (made from URLs where URLs were given).
         self.clients = clients_from(
             clients,
@@ -121,8 +128,8 @@ class Redlock(AsyncBaseLock):
             accepts=_is_async_client,
             from_url=lambda url: aioredis.Redis.from_url(
                 url,
-                socket_timeout=self.node_timeout,
-                socket_connect_timeout=self.node_timeout,
+                socket_timeout=self.connect_timeout,
+                socket_connect_timeout=self.connect_timeout,
                 health_check_interval=30,
             ),
         )
@@ -169,6 +176,7 @@ class Redlock(AsyncBaseLock):
             self.node_timeout,
             decided=None if decided is None else decided_by(decided, self.quorum),
             lanes=[self._lanes[i] for i in chosen],
+            connect_timeout=self.connect_timeout,
         )
 
     # -- acquire --------------------------------------------------------------------------------
@@ -185,7 +193,7 @@ class Redlock(AsyncBaseLock):
             # Masters that answer round 1 after the quorum hold our key too: if the attempt has
             # failed or the hold has ended by the time their answer comes, it is undone on that
             # same connection, behind the SET (as the blocking Redlock's reaper does).
-            first.settle(late=lambda index, reply: undo_late_set(state, reply))
+            first.settle(late=lambda index, reply: undo_late_set(state, index, reply))
             fence = next_fence(verdicts.yes.values())
             value = owner + b"#" + str(fence).encode()
             state.release = self._release_op(owner, value)
@@ -201,56 +209,65 @@ class Redlock(AsyncBaseLock):
                 if any(first.outstanding):
                     self._open[owner] = state
                 return Attempt(True, value, fence)
-            # Round 2 fell short: undo wherever round 1 put our key.
-            state.finished = True
-            late = {i for i, waiting in enumerate(second.outstanding) if waiting}
+            # Round 2 fell short: undo wherever round 1 put our key, late answers included. A
+            # master whose round 2 was never written (still connecting) gets the undo anew.
+            kept = state.finish()
+            late = _written_unanswered(second)
             second.settle(followups=dict.fromkeys(late, state.release))
-            await self._undo(state.release, set(chosen) - {chosen[i] for i in late})
+            await self._undo(state.release, (set(chosen) | kept) - {chosen[i] for i in late})
             verdicts.failed.update(fenced.failed)
             verdicts.unawaited.update(fenced.unawaited)
         else:
             # No quorum in time: undo everywhere our SET may have run. Masters that have not
             # answered get the undo written behind the SET on the same connection.
-            state.finished = True
-            late = {i for i, waiting in enumerate(first.outstanding) if waiting}
+            state.finish()
+            late = _written_unanswered(first)
             first.settle(followups=dict.fromkeys(late, state.release))
             maybe = {i for i in verdicts.failed if first.sent[i]} - late
             await self._undo(state.release, set(verdicts.yes) | maybe)
-        return Attempt(False, holder_ttl=self._rules.refused_attempt(verdicts))
+        return self._rules.failed_attempt(verdicts)
 
     async def _undo(self, release: Op, indexes: set[int]) -> None:
         """Delete a failed attempt's key on ``indexes``; waits (at most node_timeout) so that our
         own next attempt does not find our own stale key."""
         if indexes:
-            (await self._round(release, sorted(indexes))).settle()
+            await self._send_release(release, sorted(indexes))
+
+    async def _send_release(
+        self, release: Op, indexes: Sequence[int] | None = None, decided: bool = False
+    ) -> AsyncRound:
+        """Release (or undo) on the masters at ``indexes`` (default: all): "release on every
+        instance, even those that seemed to fail". Owner-checked, so late is harmless: a master
+        that got no answer in time gets it again in the background when it answers (or its
+        connection is given up); one whose connection was still being made gets it once
+        connected; a late NOSCRIPT runs it again as EVAL; a connection that broke under it
+        sends it again on a new one. Else its key would live until its TTL."""
+        done = await self._round(release, indexes, decided=flag if decided else None)
+        done.settle(
+            late=lambda index, reply: release if isinstance(reply, NoReply) else None,
+            send_late=True,
+        )
+        chosen = range(len(self.clients)) if indexes is None else indexes
+        for i, reply in zip(chosen, done.results, strict=True):
+            if isinstance(reply, redis_errors.ConnectionError):
+                send_in_background(self.clients[i], release)
+        return done
 
     # -- release / extend -----------------------------------------------------------------------
     def _finish(self, owner: bytes) -> None:
         state = self._open.pop(owner, None)
         if state is not None:
-            state.finished = True
+            state.finish()  # the release goes to every master, late SETs included
 
     async def _release_value(
         self, value: bytes, on_cancel: Callable[[asyncio.Future[Any]], None] | None = None
     ) -> bool:
         owner = owner_of(value)
         self._finish(owner)
-        release = self._release_op(owner, value)
-        done = await self._round(release, decided=flag)
-        # A master that got no answer in time gets the release again in the background, when
-        # it answers; one whose connection was still being made gets it once connected (else
-        # its key would live until its TTL). Harmless if one already ran: it is owner-checked.
-        done.settle(
-            late=lambda index, reply: release if isinstance(reply, NoReply) else None,
-            send_late=True,
-        )
+        done = await self._send_release(self._release_op(owner, value), decided=True)
         for i, reply in enumerate(done.results):
             if reply == PUBLISH_REFUSED:
                 warn_wakeup_refused(self._labels[i], "PUBLISH")
-            elif isinstance(reply, redis_errors.ConnectionError):
-                # The connection broke under it (it may not have run): once more on a new one,
-                # in the background, so that the key does not live until its TTL.
-                send_in_background(self.clients[i], release)
         return self._rules.released(done.results)
 
     async def _extend_value(self, value: bytes, seconds: float, replace: bool) -> bool:
@@ -308,6 +325,13 @@ class Redlock(AsyncBaseLock):
         waiter = _AnyMasterWaiter(self._channel)
         await waiter.subscribe(self.clients, self.node_timeout)
         return waiter
+
+
+def _written_unanswered(done: AsyncRound) -> set[int]:
+    """Positions whose command was written and not answered: a follow-up (the undo) can be
+    queued behind it on its connection. One never written (still connecting) is not among
+    them: it is never sent now, so its undo, if needed, goes anew."""
+    return {i for i, waiting in enumerate(done.outstanding) if waiting and done.sent[i]}
 
 
 class _AnyMasterWaiter:

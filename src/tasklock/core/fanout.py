@@ -337,7 +337,9 @@ class _Slot:
     """One server's part of a call: its ops, its connection, the replies still to read."""
 
     __slots__ = (
+        "allowance",
         "conn",
+        "deadline",
         "error",
         "fd",
         "node",
@@ -361,6 +363,10 @@ class _Slot:
         self.sent = False
         self.retried = False
         self.waiting: Future[Any] | None = None
+        #: When this server counts as silent: ``timeout`` after its command was written, or,
+        #: while it waits for a connection, the end of its connect allowance.
+        self.deadline = 0.0
+        self.allowance = 0.0  # the connect allowance it was given, for the message
 
     @property
     def done(self) -> bool:
@@ -468,9 +474,11 @@ class _Call:
         slots: list[_Slot],
         timeout: float,
         decided: Callable[[list[Any]], bool] | None,
+        connect_timeout: float | None = None,
     ) -> None:
         self.slots = slots
         self.timeout = timeout
+        self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         self.decided = decided
         self._poller = Poller()
         self._by_fd: dict[int, _Slot] = {}
@@ -502,6 +510,7 @@ class _Call:
             slot.fail(exc)
             return
         slot.start(conn, packed)
+        slot.deadline = _clock.clock.monotonic() + self.timeout
         if slot.conn is not None and slot.sinks:
             self._by_fd[slot.fd] = slot
             self._poller.register(slot.fd)
@@ -513,6 +522,10 @@ class _Call:
             self._waker = Waker()
             self._poller.register(self._waker.fd)
         slot.node.listen(self._waker)
+        if not slot.deadline:  # the first wait: a failing server gets no connect allowance
+            healthy = slot.node.failing_since is None
+            slot.allowance = self.connect_timeout if healthy else self.timeout
+            slot.deadline = _clock.clock.monotonic() + slot.allowance
         future = slot.node.connecting()
         slot.waiting = future
         future.add_done_callback(self._waker.wake)
@@ -546,8 +559,15 @@ class _Call:
             del self._by_fd[fd]
             self._poller.unregister(fd)
 
+    def _latest_deadline(self) -> float:
+        """The round ends when every server that has not answered is past its own deadline."""
+        return max((slot.deadline for slot in self.slots if not slot.done), default=0.0)
+
     def run(self) -> None:
-        deadline = _clock.clock.monotonic() + self.timeout
+        """Write every command (connecting where needed), then read until decided, complete,
+        or every silent server is past its deadline. Each server's deadline runs from its own
+        write: a thread that waited for the GIL between writes, or a server that needed a
+        connection first (within its connect allowance), is not taken for a silent server."""
         taken = [slot.node.take(checked=False) for slot in self.slots]
         idle = [conn for conn in taken if conn is not None]
         if idle:
@@ -569,7 +589,7 @@ class _Call:
                 if self.decided is not None and self.decided([s.result for s in self.slots]):
                     decided_early = True
                     break
-                remaining = deadline - _clock.clock.monotonic()
+                remaining = self._latest_deadline() - _clock.clock.monotonic()
                 if remaining <= 0:
                     # Take what has arrived before calling the rest silent: when this thread was
                     # the slow one (GC, scheduling), the answers are waiting in the sockets.
@@ -597,7 +617,8 @@ class _Call:
                 slot.error = NotAwaited("still connecting when the outcome was decided")
             elif slot.conn is None:  # still waiting for a connection: nothing was sent
                 slot.waiting = None
-                slot.error = NoReply(f"could not connect within {ms:.0f} ms")
+                limit = slot.allowance * 1000
+                slot.error = NoReply(f"could not connect within {limit:.0f} ms")
                 slot.node.mark_failed()
             elif decided_early:
                 slot.error = NotAwaited("no reply yet when the outcome was decided")
@@ -680,11 +701,16 @@ def fan_out(
     timeout: float,
     *,
     decided: Callable[[list[Any]], bool] | None = None,
+    connect_timeout: float | None = None,
 ) -> Round:
     """Send ``ops[i]`` to ``nodes[i]``, all at once; return when every node answered, when
-    ``decided(results)`` (results so far, :data:`PENDING` for the rest) says so, or after
-    ``timeout`` seconds, whichever comes first. Never blocks longer than ``timeout``."""
-    call = _Call([_Slot(node, [op]) for node, op in zip(nodes, ops, strict=True)], timeout, decided)
+    ``decided(results)`` (results so far, :data:`PENDING` for the rest) says so, or when every
+    node still silent is past its deadline: ``timeout`` seconds after its command was written.
+    A node with no idle connection first gets up to ``connect_timeout`` (default ``timeout``) to
+    be connected, or ``timeout`` in all when its last call failed. Never blocks longer than
+    ``connect_timeout + timeout``."""
+    slots = [_Slot(node, [op]) for node, op in zip(nodes, ops, strict=True)]
+    call = _Call(slots, timeout, decided, connect_timeout)
     call.run()
     return Round(call)
 

@@ -11,6 +11,7 @@ decides anything itself.
 from __future__ import annotations
 
 import secrets
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -19,17 +20,21 @@ from typing import Any
 
 from tasklock.core.clock import clock
 from tasklock.core.connection import describe_client, validate_url
+from tasklock.core.lease import GIVE_UP, AcquireLoop, Attempt
 from tasklock.core.ops import PENDING, NoReply, NotAwaited, Op
 from tasklock.core.renewal import Outcome
 from tasklock.errors import ConfigurationError, QuorumNotReached
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_DRIFT_EXTRA_MS",
     "DEFAULT_DRIFT_FACTOR",
     "DEFAULT_NODE_TIMEOUT",
     "AttemptState",
     "Classifier",
+    "NoVerdict",
     "Quorum",
+    "QuorumLoop",
     "Tally",
     "Timing",
     "Validity",
@@ -38,6 +43,7 @@ __all__ = [
     "check_number",
     "clients_from",
     "decided_by",
+    "default_connect_timeout",
     "default_node_timeout",
     "drift_for",
     "fault_tolerance",
@@ -58,7 +64,16 @@ __all__ = [
 ]
 
 #: Per-master deadline when none is given (capped at a tenth of the TTL for very short TTLs).
+#: It runs from the moment the master's command is written, so it measures the master's answer
+#: (plus this process's scheduling), not the time spent getting a connection to it.
 DEFAULT_NODE_TIMEOUT = 0.1
+#: How long a master that has no idle connection gets to be connected (TCP, TLS, HELLO, AUTH)
+#: before its command is written, when none is given: at most a quarter of the TTL, at least
+#: ``node_timeout``. A cold pool (the first rounds, or a burst of concurrent acquires needing more
+#: connections than are stocked) is not a silent master. A master whose last call failed gets only
+#: ``node_timeout`` for connect and answer together, so a master that is down keeps costing each
+#: round no more than that.
+DEFAULT_CONNECT_TIMEOUT = 1.0
 
 
 # -- the arithmetic, pure -----------------------------------------------------------------------
@@ -128,6 +143,12 @@ class Validity:
 def default_node_timeout(ttl: float) -> float:
     """The per-master deadline: :data:`DEFAULT_NODE_TIMEOUT`, at most a tenth of the TTL."""
     return min(DEFAULT_NODE_TIMEOUT, ttl / 10)
+
+
+def default_connect_timeout(ttl: float, node_timeout: float) -> float:
+    """How long a master gets to be connected: :data:`DEFAULT_CONNECT_TIMEOUT`, at most a quarter
+    of the TTL (most of the validity time is left), never less than ``node_timeout``."""
+    return max(node_timeout, min(DEFAULT_CONNECT_TIMEOUT, ttl / 4))
 
 
 def next_fence(counters: Iterable[int]) -> int:
@@ -278,17 +299,79 @@ def server_of(client: Any) -> tuple[Any, ...]:
 
 @dataclass(eq=False)
 class AttemptState:
-    """Shared with the reaper: replies that arrive after we stopped waiting check ``finished``
-    (the attempt failed or the hold ended) and undo a late SET on that same connection."""
+    """Shared with the late-reply hooks (the reaper thread, or the event loop's callbacks):
+    replies that arrive after we stopped waiting check ``finished`` (the attempt failed or the
+    hold ended) and undo a late SET on that same connection.
+
+    A round-1 SET granted late while the attempt was still open is left in place (the hold may
+    need it), and its master is remembered in ``kept``: if the attempt then fails, :meth:`finish`
+    hands those masters back so that the undo reaches them too. Without that, a master that
+    answered round 1 just after the quorum, while round 2 was under way, kept a key nobody
+    deleted when round 2 fell short.
+    """
 
     release: Op
     finished: bool = False
+    kept: set[int] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def finish(self) -> set[int]:
+        """Mark the attempt (or its hold) over; the masters whose late SET was left in place."""
+        with self.lock:
+            self.finished = True
+            kept, self.kept = self.kept, set()
+        return kept
 
 
-def undo_late_set(state: AttemptState, reply: Any) -> Op | None:
-    """What follows a round-1 SET answered after the quorum (``reply``) on its connection: the
-    undo once the attempt has failed or its hold has ended, or when no answer came at all."""
-    return state.release if state.finished or isinstance(reply, NoReply) else None
+def undo_late_set(state: AttemptState, index: int, reply: Any) -> Op | None:
+    """What follows a round-1 SET answered after the quorum (``reply``, from master ``index``) on
+    its connection: the undo once the attempt has failed or its hold has ended, or when no
+    answer came at all; else nothing now, and the master is remembered (see AttemptState)."""
+    with state.lock:
+        if state.finished or isinstance(reply, NoReply):
+            return state.release
+        if round1(reply)[0] is True:
+            state.kept.add(index)
+        return None
+
+
+@dataclass
+class NoVerdict(Attempt):
+    """A failed attempt after which a majority gave no verdict: ``error`` is raised once the
+    caller stops trying (a non-blocking acquire, or ``blocking_timeout`` passed)."""
+
+    error: Exception | None = None
+
+
+class QuorumLoop(AcquireLoop):
+    """The acquire loop of a Redlock: a round that got no verdict (a majority silent, slow, or
+    still connecting) is retried like a lock held by someone else, with the jittered backoff,
+    until ``blocking_timeout``; :class:`QuorumNotReached` only when the caller gives up (the
+    deadline passed, or a non-blocking call). A loaded host's scheduler is not a failed master."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, loop: AcquireLoop) -> QuorumLoop:
+        """``loop``'s rules (the same deadline, backoff and state), as a QuorumLoop."""
+        made = cls.__new__(cls)
+        for slot in AcquireLoop.__slots__:
+            setattr(made, slot, getattr(loop, slot))
+        return made
+
+    def after_failure(self, attempt: Attempt) -> float | str:
+        step = super().after_failure(attempt)
+        if step is GIVE_UP and isinstance(attempt, NoVerdict) and attempt.error is not None:
+            raise attempt.error
+        return step
+
+
+class RetriesNoVerdict:
+    """Mixin for the blocking and the asyncio Redlock: their acquire loops are QuorumLoops."""
+
+    def _plan_acquire(self, *args: Any) -> tuple[str, AcquireLoop]:
+        owner, loop = super()._plan_acquire(*args)  # type: ignore[misc]
+        return owner, QuorumLoop.of(loop)
 
 
 def check_number(
@@ -316,14 +399,23 @@ class Timing:
     drift_factor: float
     drift_extra_ms: float
     node_timeout: float  # seconds each master gets to answer each round
+    connect_timeout: float  # seconds a master without an idle connection gets to be connected
 
 
-def timing(ttl: float, drift_factor: Any, drift_extra_ms: Any, node_timeout: Any) -> Timing:
+def timing(
+    ttl: float,
+    drift_factor: Any,
+    drift_extra_ms: Any,
+    node_timeout: Any,
+    connect_timeout: Any = None,
+) -> Timing:
     """The Redlock constructor's timing options, checked, with their defaults applied."""
     check_number("drift_factor", drift_factor, low=0.0, high=1.0)
     check_number("drift_extra_ms", drift_extra_ms, low=0.0, high=None)
     if node_timeout is not None:
         check_number("node_timeout", node_timeout, low=0.0, high=None, low_ok=False)
+    if connect_timeout is not None:
+        check_number("connect_timeout", connect_timeout, low=0.0, high=None, low_ok=False)
     drift = drift_for(ttl, float(drift_factor), float(drift_extra_ms))
     if drift >= ttl:
         raise ConfigurationError(
@@ -331,12 +423,11 @@ def timing(ttl: float, drift_factor: Any, drift_extra_ms: Any, node_timeout: Any
             f"{drift:.3f} s (drift_factor={drift_factor}, drift_extra_ms={drift_extra_ms}); "
             "use a longer timeout"
         )
-    return Timing(
-        drift,
-        float(drift_factor),
-        float(drift_extra_ms),
-        default_node_timeout(ttl) if node_timeout is None else float(node_timeout),
+    node = default_node_timeout(ttl) if node_timeout is None else float(node_timeout)
+    connect = (
+        default_connect_timeout(ttl, node) if connect_timeout is None else float(connect_timeout)
     )
+    return Timing(drift, float(drift_factor), float(drift_extra_ms), node, connect)
 
 
 def clients_from(
@@ -403,7 +494,8 @@ class Quorum:
             f"Redlock {self.name!r}: {len(failures)} of {self.n} masters gave no verdict while "
             f"{doing}, so no quorum ({self.quorum} of {self.n}) could be formed: {listed}. Check "
             "that the masters are running and reachable; a master slower than "
-            f"node_timeout={self.node_timeout * 1000:.0f} ms counts as failed",
+            f"node_timeout={self.node_timeout * 1000:.0f} ms counts as failed (a blocking "
+            "acquire retries until its blocking_timeout; raise node_timeout on a loaded host)",
             failures,
         )
 
@@ -414,14 +506,15 @@ class Quorum:
             return False
         raise self.error(doing, verdicts)
 
-    def refused_attempt(self, verdicts: Tally) -> float | None:
-        """After an acquire attempt that did not get the lock: QuorumNotReached when a majority
-        gave no verdict, else how long the holder's keys last (the waiter's sleep cap)."""
+    def failed_attempt(self, verdicts: Tally) -> Attempt:
+        """An acquire attempt that did not get the lock: :class:`NoVerdict` (carrying the
+        QuorumNotReached to raise if the caller stops trying) when a majority gave no verdict,
+        else how long the holder's keys last (the waiter's sleep cap)."""
         if verdicts.unreachable(self.quorum):
-            raise self.error("acquiring", verdicts)
+            return NoVerdict(False, error=self.error("acquiring", verdicts))
         held = list(verdicts.no.values())
         free = self.n - len(held) - len(verdicts.failed)
-        return seconds_until_free(held, free, self.quorum)
+        return Attempt(False, holder_ttl=seconds_until_free(held, free, self.quorum))
 
     def released(self, results: Sequence[Any]) -> bool:
         """A release round: True on a quorum, False when a quorum said "not ours"."""

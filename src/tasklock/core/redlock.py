@@ -17,13 +17,17 @@ different counters). With two rounds, any two holds share a master on which the 
 its token while it held the lock there, before the later one's SET NX could succeed there; so the
 later hold reads a counter at least as high and gets a larger token.
 
-Every fan-out is parallel and bounded by ``node_timeout`` per master (see
-:mod:`tasklock.core.fanout`): a stopped, paused or partitioned master costs at most that, never a
-socket timeout. Extend and the watchdog's renewal go to every master and need a quorum within the
-validity time; a renewal that finds the lock gone on a majority marks it lost (``lock.lost``,
-``on_lost``). When a majority gives no verdict at all (errors, timeouts) the call raises
-:class:`~tasklock.errors.QuorumNotReached`, naming each failed master and why; a lock that is
-simply held by someone else is not an error (``acquire`` returns False, as with ``Lock``).
+Every fan-out is parallel and bounded by ``node_timeout`` per master from the moment its command
+is written (see :mod:`tasklock.core.fanout`): a stopped, paused or partitioned master costs at
+most that, never a socket timeout. A master with no idle connection first gets
+``connect_timeout`` to be connected: a cold pool is not a silent master. Extend and the
+watchdog's renewal go to every master and need a quorum within the validity time; a renewal that
+finds the lock gone on a majority marks it lost (``lock.lost``, ``on_lost``). When a majority
+gives no verdict at all (errors, timeouts), a blocking acquire undoes the round and retries it
+with the jittered backoff until its ``blocking_timeout``; then, or at once for a non-blocking
+acquire, a release or an extend, :class:`~tasklock.errors.QuorumNotReached` is raised, naming
+each failed master and why. A lock that is simply held by someone else is not an error
+(``acquire`` returns False, as with ``Lock``).
 
 How many masters: N = 2k + 1 tolerates k failed or unreachable masters (3 tolerates 1, 5
 tolerates 2). An even N tolerates no more than N - 1 and has one more master that can fail, so it
@@ -59,6 +63,7 @@ from tasklock.core.connection import client_for_url
 from tasklock.core.fanout import (
     Node,
     Op,
+    Round,
     fan_out,
     node_for,
     run_in_background,
@@ -72,6 +77,7 @@ from tasklock.core.quorum import (
     DEFAULT_NODE_TIMEOUT,
     AttemptState,
     Quorum,
+    RetriesNoVerdict,
     Tally,
     Validity,
     attempt_value,
@@ -121,18 +127,27 @@ __all__ = [
 ]
 
 
-class Redlock(BaseLock):
+class Redlock(RetriesNoVerdict, BaseLock):
     """A lock over N independent Redis masters; same interface as :class:`tasklock.Lock`.
 
     ``clients`` is a list of redis-py clients or Redis URLs (one per master; clients made from
-    URLs get socket timeouts equal to ``node_timeout``). The key on every master is exactly
-    ``name``. Extra keyword-only parameters:
+    URLs get socket and connect timeouts equal to ``connect_timeout``: the rounds have deadlines
+    of their own). The key on every master is exactly ``name``. Extra keyword-only parameters:
 
     * ``fence_key``: the fence counter's key on every master (default ``{name}:fence``).
     * ``drift_factor`` (0.01) and ``drift_extra_ms`` (2): the clock-drift allowance subtracted
       from the validity time, ``TTL * drift_factor + drift_extra_ms``.
-    * ``node_timeout``: seconds each master gets to answer each round (default 0.1, at most a
-      tenth of the TTL). A master that does not answer in time counts as failed for that round.
+    * ``node_timeout``: seconds each master gets to answer each round, from the moment its
+      command is written (default 0.1, at most a tenth of the TTL). A master that does not
+      answer in time counts as failed for that round.
+    * ``connect_timeout``: seconds a master without an idle connection gets to be connected
+      before its command is written (default 1.0, at most a quarter of the TTL, at least
+      ``node_timeout``); time spent connecting a cold pool is not a master's silence. A master
+      whose last call failed gets ``node_timeout`` for both together.
+
+    A round that gets no verdict (a majority silent) is retried by a blocking ``acquire`` with
+    the jittered backoff until its ``blocking_timeout``; :class:`~tasklock.errors.QuorumNotReached`
+    is raised only once that has passed, or at once by a non-blocking call.
     * ``watchdog``, ``on_lost``, ``owner_info``: as for :class:`tasklock.Lock`.
 
     Masters must persist (AOF with ``appendfsync always``) or restart only after the TTL; see the
@@ -157,6 +172,7 @@ class Redlock(BaseLock):
         drift_factor: Number = DEFAULT_DRIFT_FACTOR,
         drift_extra_ms: Number = DEFAULT_DRIFT_EXTRA_MS,
         node_timeout: Number | None = None,
+        connect_timeout: Number | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -171,12 +187,14 @@ class Redlock(BaseLock):
             owner_info=owner_info,
         )
         self.fence_key = fence_key_or_default(fence_key, self.name)
-        chosen = timing(self.ttl, drift_factor, drift_extra_ms, node_timeout)
+        chosen = timing(self.ttl, drift_factor, drift_extra_ms, node_timeout, connect_timeout)
         self.drift = chosen.drift
         self.drift_factor = chosen.drift_factor
         self.drift_extra_ms = chosen.drift_extra_ms
         #: Seconds each master gets to answer each round.
         self.node_timeout = chosen.node_timeout
+        #: Seconds a master without an idle connection gets to be connected.
+        self.connect_timeout = chosen.connect_timeout
         #: The redis-py clients, one per master (made from URLs where URLs were given).
         self.clients = clients_from(
             clients,
@@ -185,7 +203,7 @@ class Redlock(BaseLock):
                 hasattr(item, "execute_command") and hasattr(item, "connection_pool")
             ),
             from_url=lambda url: client_for_url(
-                url, socket_timeout=self.node_timeout, connect_timeout=self.node_timeout
+                url, socket_timeout=self.connect_timeout, connect_timeout=self.connect_timeout
             ),
         )
         check_node_count(len(self.clients))
@@ -216,16 +234,24 @@ class Redlock(BaseLock):
     def _release_op(self, owner: bytes, value: bytes) -> Op:
         return script_op(REDLOCK_RELEASE, (self.name,), (owner, value, self._channel))
 
+    def _fan(
+        self,
+        ops: Sequence[Op],
+        indexes: Sequence[int] | None = None,
+        decided: Callable[[list[Any]], bool] | None = None,
+    ) -> Round:
+        """One round to the masters at ``indexes`` (default: all), ``ops`` one per master."""
+        nodes = self._nodes if indexes is None else [self._nodes[i] for i in indexes]
+        return fan_out(
+            nodes, ops, self.node_timeout, decided=decided, connect_timeout=self.connect_timeout
+        )
+
     def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         owner = attempt_value(token).encode()
-        nodes, n, q = self._nodes, len(self._nodes), self.quorum
+        n, q = len(self._nodes), self.quorum
         validity = Validity(self.ttl, self.drift)
-        first = fan_out(
-            nodes,
-            [script_op(REDLOCK_ACQUIRE, self._keys, (owner, self._ttl_ms))] * n,
-            self.node_timeout,
-            decided=decided_by(round1, q),
-        )
+        acquire = script_op(REDLOCK_ACQUIRE, self._keys, (owner, self._ttl_ms))
+        first = self._fan([acquire] * n, decided=decided_by(round1, q))
         verdicts = tally(first.results, round1)
         state = AttemptState(self._release_op(owner, owner))
         if verdicts.reached(q) and validity.left() > 0:
@@ -235,18 +261,13 @@ class Redlock(BaseLock):
             # same connection whatever the hold is doing: a later release travels on another
             # connection, which a master resuming from a long pause may run before the SET,
             # leaving a key nobody deletes. (That master was never part of the hold's quorum.)
-            first.settle(late=lambda index, reply: undo_late_set(state, reply))
+            first.settle(late=lambda index, reply: undo_late_set(state, index, reply))
             fence = next_fence(verdicts.yes.values())
             value = owner + b"#" + str(fence).encode()
             state.release = self._release_op(owner, value)
             chosen = sorted(verdicts.yes)
-            second = fan_out(
-                [nodes[i] for i in chosen],
-                [script_op(REDLOCK_FENCE, self._keys, (owner, fence, self._fence_ttl_ms))]
-                * len(chosen),
-                self.node_timeout,
-                decided=decided_by(flag, q),
-            )
+            fence_op = script_op(REDLOCK_FENCE, self._keys, (owner, fence, self._fence_ttl_ms))
+            second = self._fan([fence_op] * len(chosen), chosen, decided_by(flag, q))
             fenced = tally(second.results, flag, chosen)
             if fenced.reached(q) and validity.left() > 0:
                 second.settle()
@@ -254,52 +275,62 @@ class Redlock(BaseLock):
                     with self._open_lock:
                         self._open[owner] = state
                 return Attempt(True, value, fence)
-            # Round 2 fell short: undo wherever round 1 put our key.
-            state.finished = True
+            # Round 2 fell short: undo wherever round 1 put our key, late answers included.
+            kept = state.finish()
             late = {i for i, waiting in enumerate(second.outstanding) if waiting}
             second.settle(followups=dict.fromkeys(late, state.release))
-            self._undo(state.release, set(chosen) - {chosen[i] for i in late})
+            self._undo(state.release, (set(chosen) | kept) - {chosen[i] for i in late})
             verdicts.failed.update(fenced.failed)
             verdicts.unawaited.update(fenced.unawaited)
         else:
             # No quorum in time: undo everywhere our SET may have run. Masters that have not
             # answered get the undo queued behind the SET on the same connection.
-            state.finished = True
+            state.finish()
             late = {i for i, waiting in enumerate(first.outstanding) if waiting}
             first.settle(followups=dict.fromkeys(late, state.release))
             maybe = {i for i in verdicts.failed if first.sent[i]} - late
             self._undo(state.release, set(verdicts.yes) | maybe)
-        return Attempt(False, holder_ttl=self._rules.refused_attempt(verdicts))
+        return self._rules.failed_attempt(verdicts)
 
     def _undo(self, release: Op, indexes: set[int]) -> None:
         """Delete a failed attempt's key on ``indexes``; waits (at most node_timeout) so that our
         own next attempt does not find our own stale key."""
-        if not indexes:
-            return
-        chosen = sorted(indexes)
-        undo = fan_out([self._nodes[i] for i in chosen], [release] * len(chosen), self.node_timeout)
-        undo.settle()
+        if indexes:
+            self._send_release(release, sorted(indexes))
+
+    def _send_release(
+        self,
+        release: Op,
+        indexes: Sequence[int] | None = None,
+        decided: Callable[[list[Any]], bool] | None = None,
+    ) -> Round:
+        """Release (or undo) on the masters at ``indexes``: "release on every instance, even
+        those that seemed to fail". One not answered in time has it on its connection (the
+        reaper reads the answer); one that got no connection in time gets it later, when it has
+        one (:meth:`Node.defer`): it is owner-checked, so late is harmless, and the key goes
+        long before its TTL."""
+        chosen = range(len(self._nodes)) if indexes is None else indexes
+        done = self._fan([release] * len(chosen), indexes, decided)
+        done.settle()
+        for i, sent in zip(chosen, done.sent, strict=True):
+            if not sent:
+                self._nodes[i].defer(release)
+        return done
 
     # -- release / extend -----------------------------------------------------------------------
     def _finish(self, owner: bytes) -> None:
         with self._open_lock:
             state = self._open.pop(owner, None)
         if state is not None:
-            state.finished = True
+            state.finish()  # the release goes to every master, late SETs included
 
     def _release_value(self, value: bytes) -> bool:
         owner = owner_of(value)
         self._finish(owner)
-        nodes, q = self._nodes, self.quorum
         release = self._release_op(owner, value)
-        done = fan_out(
-            nodes, [release] * len(nodes), self.node_timeout, decided=decided_by(flag, q)
-        )
-        done.settle()
-        for node, sent, reply in zip(nodes, done.sent, done.results, strict=True):
-            if not sent:  # no connection in time: sent when the master is back (harmless late)
-                node.defer(release)
-            elif reply == PUBLISH_REFUSED:
+        done = self._send_release(release, decided=decided_by(flag, self.quorum))
+        for node, reply in zip(self._nodes, done.results, strict=True):
+            if reply == PUBLISH_REFUSED:
                 warn_wakeup_refused(node.label, "PUBLISH")
         return self._rules.released(done.results)
 
@@ -308,13 +339,10 @@ class Redlock(BaseLock):
         nodes, q = self._nodes, self.quorum
         ms = max(1, int(seconds * 1000))
         timer = Validity(seconds, 0.0)
-        done = fan_out(
-            nodes,
-            [script_op(REDLOCK_EXTEND, (self.name,), (owner, value, ms, "1" if replace else "0"))]
-            * len(nodes),
-            self.node_timeout,
-            decided=decided_by(flag, q),
+        extend = script_op(
+            REDLOCK_EXTEND, (self.name,), (owner, value, ms, "1" if replace else "0")
         )
+        done = self._fan([extend] * len(nodes), decided=decided_by(flag, q))
         done.settle()
         if self._rules.extended(done.results, seconds, timer.elapsed()):
             return True
@@ -340,24 +368,24 @@ class Redlock(BaseLock):
     # -- reads ----------------------------------------------------------------------------------
     def locked(self) -> bool:
         """True if enough masters hold ``name`` that nobody else could take a quorum now."""
-        nodes, n = self._nodes, len(self._nodes)
-        done = fan_out(nodes, [Op(("EXISTS", self.name))] * n, self.node_timeout)
+        n = len(self._nodes)
+        done = self._fan([Op(("EXISTS", self.name))] * n)
         done.settle()
         return self._rules.locked(done.results)
 
     def _stored_value_is(self, value: bytes) -> bool:
-        nodes, n = self._nodes, len(self._nodes)
-        done = fan_out(nodes, [Op(("GET", self.name))] * n, self.node_timeout)
+        n = len(self._nodes)
+        done = self._fan([Op(("GET", self.name))] * n)
         done.settle()
         return self._rules.stored_is(done.results, value)
 
     def _peek(self) -> tuple[bytes | None, int | None]:
         """The value most masters hold for ``name`` (the current holder's, normally) and how long
         until expiry alone would free a quorum, in ms; (None, None) when a quorum is free."""
-        nodes, n = self._nodes, len(self._nodes)
-        gets = fan_out(nodes, [Op(("GET", self.name))] * n, self.node_timeout)
+        n = len(self._nodes)
+        gets = self._fan([Op(("GET", self.name))] * n)
         gets.settle()
-        ttls = fan_out(nodes, [Op(("PTTL", self.name))] * n, self.node_timeout)
+        ttls = self._fan([Op(("PTTL", self.name))] * n)
         ttls.settle()
         return self._rules.holder(gets.results, ttls.results)
 

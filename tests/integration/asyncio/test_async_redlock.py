@@ -87,6 +87,12 @@ async def warm(lock: Redlock) -> None:
     master is then written to its socket (and runs on resume) instead of failing to connect."""
     assert await lock.acquire(blocking=False)
     await lock.release()
+    # The release round ends at a quorum: wait until every master's answer is in and its
+    # connection back in the stock (else the next round needs a new connection there).
+    await eventually(
+        lambda: all(lane is not None and lane._idle for lane in lock._lanes),
+        "an idle connection to every master",
+    )
 
 
 async def test_cycle_on_five_masters_with_strictly_increasing_fences(
