@@ -407,6 +407,7 @@ class Guard(PendingMarkers):
     ) -> R:
         """``limit=None``: no execution lock, only the rate limit (and the enqueue marker)."""
         try:
+            self._bind_unlocked_counts()
             throttle = gate.throttle()
         except BackendUnavailable:
             stats.increment("backend_error", self.name)
@@ -417,6 +418,21 @@ class Guard(PendingMarkers):
             self._clear_at_start(args, kwargs, cast(str, gate.task_id))
         stats.increment("ran", self.name)
         return body({})
+
+    def _bind_unlocked_counts(self) -> None:
+        """Where a task without an execution lock writes its fleet counts: the Redis its rate
+        limit and enqueue markers use (with a lock, :meth:`lock_for` binds that lock's). Bound
+        nowhere, a rate-only task's counts stayed in this process, and ``tasklock stats``, the
+        exporter and the admin page showed nothing for it. A task that uses no Redis at all
+        (limit=None, no rate, none configured) has nowhere to write them."""
+        options = self.options
+        if options.url is not None and is_etcd_url(options.url):
+            return
+        try:
+            client = self._client()
+        except ConfigurationError:
+            return  # no Redis: a rate or a marker would say so itself, right after this
+        fleet.bind(self.name, client, options.key_prefix)
 
     def admit_rate(
         self,

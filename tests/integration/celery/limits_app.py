@@ -105,3 +105,9 @@ def three_wait(tenant: str, call: int, fence_token: int | None = None) -> Any:
 def two_skip(tenant: str, call: int, fence_token: int | None = None) -> Any:
     """Two at a time per tenant; a third is skipped (state DUPLICATE)."""
     return gated("l.two_skip", tenant, fence_token)
+
+
+@singleton_task(app=app, name="l.rate_only", rate="100/s", rate_key=[], limit=None)
+def rate_only(call: int) -> int:
+    """No execution lock, only a rate limit: still counted in the fleet's counts."""
+    return call

@@ -224,3 +224,17 @@ def test_a_started_run_that_retries_is_the_pending_run_again(
     # Its marker was cleared when it started, and claimed again for the retry (a minute away).
     assert rc.get(task.tasklock_guard.pending_key(("b1",), {})) == first.id.encode()
     assert submit(task, "b1", 5) == {first.id}
+
+
+def test_a_rate_only_task_is_counted_in_the_fleet_counts(
+    worker: WorkerProcess, rc: redis.Redis
+) -> None:
+    """``limit=None`` tasks (rate only) ran without binding their counts to a Redis: the process's
+    own stats had them, ``tasklock stats``, the exporter and the admin page did not."""
+    assert [limits_app.rate_only.delay(n).get(timeout=30) for n in range(3)] == [0, 1, 2]
+
+    def counted() -> dict[str, int]:
+        found = fleet.read_counts(rc).get("l.rate_only", {})
+        return found if found.get("ran") == 3 else {}
+
+    eventually(counted, timeout=30, what="the rate-only task's 3 runs in the fleet counts")

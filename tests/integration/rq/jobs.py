@@ -58,6 +58,12 @@ def bare(name: str) -> str:
     return name
 
 
+@singleton_job(limit=None, rate="100/s", rate_key=[])
+def rate_only(name: str) -> str:
+    """No execution lock, only a rate limit: still counted in the fleet's counts."""
+    return name
+
+
 @singleton_job()
 def tally(items: list[int], mode: str = "sum") -> int:
     return sum(items) if mode == "sum" else len(items)

@@ -159,7 +159,8 @@ def test_counts_from_work_horses_add_up_in_redis(
         with rq_workers(redis_server.url, 2, tmp_path):
             ran = [queue.enqueue(jobs.bare, f"fleet-{i}") for i in range(6)]
             skipped = [jobs.settle.enqueue(queue, 70, "d") for _ in range(3)]
-            for job in ran + skipped:
+            rated = [queue.enqueue(jobs.rate_only, f"rated-{i}") for i in range(3)]
+            for job in ran + skipped + rated:
                 assert wait_status(job, JobStatus.FINISHED, JobStatus.FAILED) is JobStatus.FINISHED
             counts = fleet.read_counts(r)
     finally:
@@ -167,4 +168,6 @@ def test_counts_from_work_horses_add_up_in_redis(
     bare, settle = counts[jobs.bare.tasklock.name], counts[jobs.settle.tasklock.name]
     assert (bare["ran"], bare["duplicates"]) == (6, 0)
     assert (settle["ran"], settle["duplicates"], settle["duplicates_skip"]) == (0, 3, 3)
+    # limit=None (rate only): no execution lock, and its counts go to Redis all the same.
+    assert counts.get(jobs.rate_only.tasklock.name, {}).get("ran") == 3
     assert stats.snapshot().get(f"ran:{jobs.bare.tasklock.name}", 0) == 0  # not this process's
