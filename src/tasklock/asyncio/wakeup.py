@@ -57,13 +57,20 @@ class AsyncWakeupHub:
         if new:
             try:
                 await self._pubsub.subscribe(*self._book.subscriptions(name))
-            except Exception as exc:  # the waiter falls back to polling
-                log.debug("wake-up subscribe to %s failed: %s", channel, exc)
-                entry.confirmed.set()
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._listen(), name="tasklock-wakeup"
-            )
+            except BaseException as exc:  # the waiter falls back to polling (or was cancelled)
+                log.debug("wake-up subscribe to %s failed: %r", channel, exc)
+                entry.confirmed.set()  # nobody waits on a SUBSCRIBE that will not come
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                self._start_listener()
+        elif entry.confirmed.is_set():
+            self._start_listener()
+        # Else another waiter's SUBSCRIBE of this channel is on its way, and that waiter starts
+        # the listener once it is sent. Started sooner, the listener read a pub/sub connection
+        # that was not yet made, failed, and counted every channel as confirmed: the first
+        # hand-off after an idle spell (a new connection) missed its wake-up and waited for the
+        # fallback poll, about 200 ms.
         if not entry.confirmed.is_set():
             try:
                 async with asyncio.timeout(SUBSCRIBE_CONFIRM_TIMEOUT):
@@ -71,6 +78,12 @@ class AsyncWakeupHub:
             except TimeoutError:
                 pass
         return AsyncSubscription(self, name, event, key)
+
+    def _start_listener(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._listen(), name="tasklock-wakeup"
+            )
 
     def live(self, channel: str) -> bool:
         """True when ``channel`` is subscribed here already (a waiter on it needs no SUBSCRIBE

@@ -8,6 +8,7 @@ import contextlib
 import gc
 import logging
 import weakref
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -15,7 +16,7 @@ import redis.asyncio as aioredis
 import tasklock
 from tasklock.asyncio import Lock
 from tasklock.asyncio.watchdog import get_async_watchdog
-from tasklock.core.keys import wake_channel
+from tasklock.core.keys import queue_keys_for, wake_channel
 from tests.support.polling import async_eventually as eventually
 from tests.support.servers import RedisServer
 
@@ -297,3 +298,41 @@ def test_a_closed_loop_is_not_kept_alive(redis_server: RedisServer) -> None:
     gc.collect()  # frees the client's pool, whose finalizer lets go of the lock's own connections,
     gc.collect()  # which this second pass frees
     assert loops[0]() is None, "the closed loop is still referenced"
+
+
+async def test_the_first_hand_off_on_a_new_listener_is_woken_by_the_release(
+    ar: aioredis.Redis, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two waiters arrive together on a loop with no listener yet (a fresh process, or the first
+    contention after an idle spell closed it): the second used to start the listener while the
+    first's SUBSCRIBE was still connecting; it failed on the unmade connection, counted the
+    channel as confirmed and slept 0.2 s, so the release's wake-up was read only then: ~200 ms
+    a first hand-off instead of ~1 ms (issue 32; bench_asyncio times it). The listener must
+    start on a made connection and hear the release at once."""
+    caplog.set_level(logging.DEBUG, logger="tasklock.wakeup")
+    real_subscribe = aioredis.client.PubSub.subscribe
+
+    async def slow_subscribe(self: Any, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.05)  # a cold connect that takes a while: the second waiter comes
+        return await real_subscribe(self, *args, **kwargs)
+
+    monkeypatch.setattr(aioredis.client.PubSub, "subscribe", slow_subscribe)
+    holder = Lock(ar, "a:first-hand-off", timeout=30)
+    assert await holder.acquire()
+    waiters = [Lock(ar, "a:first-hand-off", timeout=30) for _ in range(2)]
+
+    async def take(lock: Lock) -> None:
+        async with lock:
+            pass
+
+    tasks = [asyncio.ensure_future(take(lock)) for lock in waiters]
+    queue, _ = queue_keys_for("a:first-hand-off")
+    await eventually(lambda: _queued(ar, queue, 2), "both waiters queued", interval=0.001)
+    await holder.release()
+    await asyncio.gather(*tasks)
+    errors = [r.getMessage() for r in caplog.records if "listener error" in r.getMessage()]
+    assert not errors, errors
+
+
+async def _queued(ar: aioredis.Redis, queue: str, count: int) -> bool:
+    return bool(await ar.llen(queue) >= count)
