@@ -114,7 +114,7 @@ def _store(app: Any) -> tuple[Any, Any | None]:
         return client, client
     from tasklock._celery_config import broker_client
 
-    client = broker_client(app, "celery beat")
+    client = broker_client(app, None)
     return client, client
 
 

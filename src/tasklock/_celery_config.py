@@ -29,8 +29,18 @@ if TYPE_CHECKING:
 __all__ = ["broker_client", "near_miss", "seconds_until_due", "split_options"]
 
 
-def broker_client(app: Celery, task_name: str) -> Any:
-    """The broker's Redis, used for locks when no ``url``/``urls`` is configured anywhere."""
+#: Where the HA beat's store is set: the settings, not a task's options (it has none).
+BEAT_WHERE = (
+    "set Celery's tasklock_url (Django: CELERY_TASKLOCK_URL; Redlock: tasklock_urls) or the "
+    "TASKLOCK_URL environment variable, which celery beat reads for its leader election"
+)
+
+
+def broker_client(app: Celery, task_name: str | None) -> Any:
+    """The broker's Redis, used for locks when no ``url``/``urls`` is configured anywhere.
+    ``task_name``: the task it is for, or None for celery beat's leader election (errors then
+    say where beat's store is set)."""
+    subject = "celery beat" if task_name is None else f"task {task_name}"
     raw = app.conf.broker_url
     if isinstance(raw, str):
         urls = [u.strip() for u in raw.split(";") if u.strip()]
@@ -38,22 +48,23 @@ def broker_client(app: Celery, task_name: str) -> Any:
         urls = [u.strip() for u in raw if isinstance(u, str) and u.strip()]
     else:
         urls = []
-    where = WHERE_TO_SET_URL  # one text naming every place a URL can be set
+    # One text naming every place a URL can be set.
+    where = WHERE_TO_SET_URL if task_name is not None else BEAT_WHERE
     if not urls:
         raise ConfigurationError(
-            f"no Redis configured for tasklock (task {task_name}) and Celery's broker_url is not "
+            f"no Redis configured for tasklock ({subject}) and Celery's broker_url is not "
             f"set: {where}"
         )
     if len(set(urls)) > 1:
         raise ConfigurationError(
-            f"task {task_name}: broker_url lists several brokers for failover "
+            f"{subject}: broker_url lists several brokers for failover "
             f"({', '.join(maybe_sanitize_url(u) for u in urls)}); every worker must lock on the "
             f"same Redis, so choose it explicitly: {where}"
         )
     url = urls[0]
     if urlsplit(url).scheme not in ("redis", "rediss"):
         raise ConfigurationError(
-            f"task {task_name}: no Redis configured for tasklock, and the broker "
+            f"{subject}: no Redis configured for tasklock, and the broker "
             f"{maybe_sanitize_url(url)} is not a redis:// or rediss:// URL that could serve: "
             f"{where}"
         )

@@ -90,7 +90,12 @@ def url_problems(url: object, urls: object) -> list[Problem]:
     if url is not None:
         message = _one_url_problem("url", url)
         if message:
-            problems.append(("url", message, "e.g. redis://localhost:6379/0", "E006"))
+            hint = (
+                "e.g. etcd://h1:2379,h2:2379"
+                if is_etcd_url(url)
+                else "e.g. redis://localhost:6379/0"
+            )
+            problems.append(("url", message, hint, "E006"))
     if urls is None:
         return problems
     if isinstance(urls, str) or not isinstance(urls, Sequence) or not urls:
@@ -113,7 +118,7 @@ def _one_url_problem(option: str, value: object, *, single_server: bool = False)
     if is_etcd_url(value) and not single_server:
         return etcd_url_problem(option, str(value))
     try:
-        validate_url(value, option, single_server=single_server)
+        validate_url(value, option, single_server=single_server, etcd_too=not single_server)
     except ConfigurationError as exc:
         return str(exc)
     return None

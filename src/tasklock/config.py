@@ -484,6 +484,8 @@ def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None
             f"{REDLOCK_LIMIT_PROBLEM.format(limit=limit)} [{named('limit', 'urls')}] "
             f"({REDLOCK_LIMIT_HINT})"
         )
+    for names, message, hint in _unused_task_options(merged, sources):
+        raise ConfigurationError(f"{message} [{named(*names)}] ({hint})")
     if limit is None and merged.get("fencing"):
         raise ConfigurationError(
             "fencing with limit=None: fence tokens come with the execution lock, which limit=None "
@@ -500,6 +502,41 @@ def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None
             RatePlan.of(merged["rate"], merged.get("burst", 1))
         except ConfigurationError as exc:
             raise ConfigurationError(f"{exc} [{named('rate', 'burst')}]") from None
+
+
+def _unused_task_options(
+    merged: Mapping[str, Any], sources: Mapping[str, str]
+) -> list[tuple[tuple[str, ...], str, str]]:
+    """Options a task sets that nothing of its would use: accepted, they did nothing. Only the
+    task's own options (its decorator, its class and base classes) are held to this; the same
+    in project-wide settings (environment, Celery app.conf, Django) is a default for the tasks
+    that do have a rate or a lock, and fine."""
+    found: list[tuple[tuple[str, ...], str, str]] = []
+    if merged.get("rate") is None:
+        for name in ("on_rate_limit", "burst", "rate_key"):
+            if sources.get(name) == "task options":
+                found.append(
+                    (
+                        (name, "rate"),
+                        f"{name}={merged.get(name)!r} applies to a rate limit, and this task has "
+                        "none",
+                        f"add rate=..., e.g. rate='20/m', or leave {name} out",
+                    )
+                )
+    if (
+        merged.get("limit", 1) is None
+        and merged.get("on_duplicate") == "wait"
+        and sources.get("on_duplicate") == "task options"
+    ):
+        found.append(
+            (
+                ("on_duplicate", "limit"),
+                "on_duplicate='wait' waits for the execution lock, which limit=None turns off",
+                "keep a limit to wait for a turn, or use rate= with on_rate_limit='retry' to space "
+                "the calls out",
+            )
+        )
+    return found
 
 
 def resolve_options(

@@ -38,6 +38,7 @@ from tasklock.core.connection import client_for_url
 from tasklock.core.lease import check_seconds
 from tasklock.core.lock import Lock
 from tasklock.core.owner import Holder
+from tasklock.core.urls import validate_url
 from tasklock.errors import BackendUnavailable, ConfigurationError, LockError
 
 __all__ = ["Leader"]
@@ -77,6 +78,12 @@ class Leader:
         self.ttl = float(ttl)
         self.on_elected = on_elected
         self.on_lost = on_lost
+        if owner_info is not None and not isinstance(owner_info, Mapping):
+            raise ConfigurationError(
+                f"Leader owner_info must be a dict of what to show about the leader, got "
+                f"{owner_info!r}"
+            )
+        _check_store(store)
         meta = {"role": "leader", **dict(owner_info or {})}
         self._lock = _leadership_lock(store, name, self.ttl, meta, self._lost_by_watchdog)
         # One campaign or resignation at a time, re-entrant: a signal handler runs on the thread
@@ -217,6 +224,26 @@ class Leader:
         tb: TracebackType | None,
     ) -> None:
         self.resign()
+
+
+def _check_store(store: Any) -> None:
+    """A ConfigurationError naming ``store`` unless it is something a Leader can be built on."""
+    if isinstance(store, str):
+        if not is_etcd_url(store):
+            validate_url(store, "Leader store", etcd_too=True)
+    elif isinstance(store, Sequence) and not isinstance(store, bytes):
+        if not store:
+            raise ConfigurationError(
+                "Leader store is an empty list: list Redlock's masters' URLs (3 or 5)"
+            )
+        for index, item in enumerate(store):
+            if isinstance(item, str) or not callable(getattr(item, "execute_command", None)):
+                validate_url(item, f"Leader store[{index}]", single_server=True)
+    elif not callable(getattr(store, "execute_command", None)):
+        raise ConfigurationError(
+            "Leader store must be a redis-py client, a Redis or etcd URL, or a list of Redis "
+            f"URLs (Redlock's masters), got {type(store).__name__}"
+        )
 
 
 def _leadership_lock(

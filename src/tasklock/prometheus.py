@@ -67,7 +67,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 try:
@@ -277,14 +277,23 @@ def _hold_families(
     yield family
 
 
-def serve(urls: list[str], port: int, addr: str = "127.0.0.1", prefix: str = "tasklock") -> None:
+def serve(
+    urls: list[str],
+    port: int,
+    addr: str = "127.0.0.1",
+    prefix: str = "tasklock",
+    on_listening: Callable[[], None] | None = None,
+) -> None:
     """Serve a :class:`Collector` of ``urls`` on ``http://addr:port/metrics`` until Ctrl-C
     (``tasklock exporter``). A registry of its own: the exporter's metrics are the fleet's,
-    not this process's Python runtime."""
+    not this process's Python runtime. ``on_listening`` runs once the address is bound (an
+    address in use raises OSError first)."""
     registry = CollectorRegistry()
     registry.register(Collector(list(urls), prefix=prefix))
     server, thread = start_http_server(port, addr=addr, registry=registry)
     log.info("tasklock exporter: serving http://%s:%s/metrics", addr, port)
+    if on_listening is not None:
+        on_listening()
     try:
         while thread.is_alive():
             thread.join(1.0)

@@ -99,7 +99,9 @@ class RateGate:
         self.name = name
         rate_key = explicit.get("rate_key")
         self.call_key = (
-            call_key if rate_key is None else CallKey(func, name, key=rate_key, exclude=exclude)
+            call_key
+            if rate_key is None
+            else CallKey(func, name, key=rate_key, exclude=exclude, option="rate_key")
         )
         self._plans: dict[tuple[str, str], RatePlan] = {}
 

@@ -115,7 +115,8 @@ class CallKey:
 
     ``key``: None (every argument), a list of argument names, or a callable that receives the call's
     arguments exactly as passed and returns what identifies the call. ``exclude``: argument names
-    that never take part (the fencing keyword, for instance).
+    that never take part (the fencing keyword, for instance). ``option``: the option ``key`` came
+    from (``key``, or ``rate_key`` for the rate limit's key), named in errors.
     """
 
     def __init__(
@@ -124,6 +125,7 @@ class CallKey:
         task_name: str,
         key: Any = None,
         exclude: Iterable[str] = (),
+        option: str = "key",
     ) -> None:
         self.task_name = task_name
         self.signature = _callable_signature(func)
@@ -136,12 +138,12 @@ class CallKey:
             for name in names:
                 if name not in params and not accepts_any:
                     raise ConfigurationError(
-                        f"key names argument {name!r}, but {task_name} takes "
+                        f"{option} names argument {name!r}, but {task_name} takes "
                         f"({', '.join(params) or 'no arguments'})"
                     )
                 if name in self.exclude:
                     raise ConfigurationError(
-                        f"key names argument {name!r}, which is the fencing keyword of "
+                        f"{option} names argument {name!r}, which is the fencing keyword of "
                         f"{task_name}; it cannot be part of the key"
                     )
             self.key = tuple(names)

@@ -9,6 +9,7 @@ in test_cli_topologies.py.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 import time
@@ -245,6 +246,23 @@ def test_exporter_refuses_etcd(run: Run) -> None:
     code, _, err = run("exporter", "--url", "etcd://127.0.0.1:2379", "--port", "9100")
     assert code == 2
     assert "exporter reads fleet counts and locks from Redis" in err
+    code, out, _ = run("exporter", "--help")
+    assert code == 0
+    assert "etcd" not in out  # its --url help used to offer etcd://h1,h2, then refuse it
+
+
+def test_exporter_on_a_taken_port_says_so_and_never_that_it_serves(
+    run: Run, redis_server: RedisServer
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = run("exporter", "--url", redis_server.url, "--port", str(port))
+    assert (code, out) == (1, "")
+    assert f"cannot serve on 127.0.0.1:{port}" in err
+    assert "serving" not in err, err
+    assert "starting" not in err, err
 
 
 def test_exporter_without_prometheus_client_says_what_to_install(

@@ -258,3 +258,21 @@ def test_on_redlock_masters(nodes: list[RedisServer]) -> None:
     assert term is not None
     assert second.fence > term
     second.resign()
+
+
+@pytest.mark.parametrize(
+    ("store", "owner_info", "words"),
+    [
+        (123, None, "Leader store must be a redis-py client, a Redis or etcd URL"),
+        ("http://127.0.0.1:6379", None, "Leader store='http://127.0.0.1:6379' is not a Redis or"),
+        ([], None, "Leader store is an empty list"),
+        (["redis://127.0.0.1:1/0", 5], None, r"Leader store\[1\] must be a Redis URL"),
+        (None, "web-1", "Leader owner_info must be a dict"),
+    ],
+)
+def test_a_bad_store_or_owner_info_is_refused_naming_it(
+    redis_server: RedisServer, store: object, owner_info: object, words: str
+) -> None:
+    store = redis_server.url if store is None else store
+    with pytest.raises(ConfigurationError, match=words):
+        Leader(store, "cron:bad-store", owner_info=owner_info)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ that are refused wherever each value came from."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -79,7 +80,7 @@ def test_each_mistake_is_named(options: dict[str, Any], option: str, code: str, 
 
 
 def test_rate_key_is_checked_against_the_signature_at_decoration() -> None:
-    with pytest.raises(ConfigurationError, match="names argument 'tenant'"):
+    with pytest.raises(ConfigurationError, match="^rate_key names argument 'tenant'"):
         Guard(charge, "app.charge", {"url": URL, "rate": "5/s", "rate_key": ["tenant"]})
 
 
@@ -115,3 +116,25 @@ def test_limit_none_from_the_task_overrides_a_project_limit() -> None:
 def test_a_task_rate_none_overrides_a_project_rate() -> None:
     assert resolve_options({"rate": None}, {"tasklock_rate": "5/s"}).rate is None
     assert resolve_options({}, {"tasklock_rate": "5/s"}).rate == "5/s"
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"on_rate_limit": "skip"}, "on_rate_limit='skip' applies to a rate limit"),
+        ({"burst": 5}, "burst=5 applies to a rate limit"),
+        ({"rate_key": ["tenant_id"]}, "rate_key=['tenant_id'] applies to a rate limit"),
+        ({"on_duplicate": "wait", "limit": None}, "on_duplicate='wait' waits for the execution"),
+    ],
+)
+def test_a_task_option_that_nothing_uses_is_refused(options: dict[str, Any], words: str) -> None:
+    """Accepted, these did nothing (issue 32): a task's own option for a rate it does not have,
+    or a wait for a lock it turned off."""
+    with pytest.raises(ConfigurationError, match=re.escape(words)):
+        resolve_options({"url": URL, **options})
+
+
+def test_the_same_in_project_settings_is_a_default_for_tasks_with_a_rate() -> None:
+    conf = {"tasklock_on_rate_limit": "skip", "tasklock_burst": 5, "tasklock_on_duplicate": "wait"}
+    assert resolve_options({"url": URL}, conf).on_rate_limit == "skip"
+    assert resolve_options({"url": URL, "limit": None, "rate": "5/s"}, conf).burst == 5

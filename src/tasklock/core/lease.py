@@ -452,6 +452,11 @@ class LeaseCore:
             raise ConfigurationError(f"watchdog must be True, False or None, got {watchdog!r}")
         if on_lost is not None and not callable(on_lost):
             raise ConfigurationError(f"on_lost must be callable, got {on_lost!r}")
+        if owner_info is not None and not isinstance(owner_info, Mapping):
+            raise ConfigurationError(
+                f"owner_info must be a dict of what to show about the holder (e.g. "
+                f"{{'job': 'nightly'}}), got {owner_info!r}"
+            )
         self.name = name
         #: As given (None = the default TTL, renewed by the watchdog).
         self.timeout = timeout

@@ -25,6 +25,8 @@ naming the option and the part, never later as a bare ``ValueError`` from urllib
 
 from __future__ import annotations
 
+import codecs
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ __all__ = [
     "parse_redis_url",
     "redacted",
     "validate_url",
+    "without_query_option",
 ]
 
 DEFAULT_PORT = 6379
@@ -65,6 +68,9 @@ _UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '(\w+)'")
 _OFF = ("false", "0", "no", "off", "n", "f")
 #: Query options a sentinel URL takes for the sentinels themselves (the rest go to the master).
 _SENTINEL_QUERY = {"sentinel_username": "username", "sentinel_password": "password"}
+#: Query options that are a number of seconds and must be > 0: redis-py takes -1 only to fail
+#: every command with a bare ValueError, and 0 as a non-blocking socket that fails every command.
+_SECONDS_QUERY = ("socket_timeout", "socket_connect_timeout")
 
 
 # --- URLs ---------------------------------------------------------------------------------------
@@ -107,16 +113,19 @@ def redacted(url: str) -> str:
     return f"{scheme}://{user}:***@{hosts}{rest[end:]}"
 
 
-def parse_redis_url(url: object, option: str = "url") -> RedisURL:
-    """Parse and check ``url``; a ConfigurationError names ``option``, the URL and the bad part."""
+def parse_redis_url(url: object, option: str = "url", *, etcd_too: bool = False) -> RedisURL:
+    """Parse and check ``url``; a ConfigurationError names ``option``, the URL and the bad part.
+    ``etcd_too``: where ``option`` takes an etcd URL as well, the error says so."""
+    what = "a Redis or etcd URL" if etcd_too else "a Redis URL"
     if not isinstance(url, str) or not url:
-        raise ConfigurationError(f"{option} must be a Redis URL string, got {url!r}")
+        raise ConfigurationError(f"{option} must be {what} string, got {url!r}")
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme not in _SCHEMES:
+        etcd = ", or etcd:// / etcds:// for etcd (etcd://h1:2379,h2:2379)" if etcd_too else ""
         raise ConfigurationError(
-            f"{option}={redacted(url)!r} is not a Redis URL: it must start with redis://, "
-            "rediss://, unix://, redis+cluster:// or redis+sentinel:// (for example "
-            "redis://localhost:6379/0)"
+            f"{option}={redacted(url)!r} is not {what}: it must start with redis://, "
+            f"rediss://, unix://, redis+cluster:// or redis+sentinel:// (for example "
+            f"redis://localhost:6379/0){etcd}"
         )
     kind, tls = _SCHEMES[scheme]
     try:
@@ -127,14 +136,30 @@ def parse_redis_url(url: object, option: str = "url") -> RedisURL:
         raise ConfigurationError(f"{option}={redacted(url)!r} {exc}") from None
 
 
-def validate_url(url: object, option: str = "url", *, single_server: bool = False) -> str:
+def without_query_option(url: str, name: str) -> str:
+    """``url`` with the query option ``name`` left out (the rest as written)."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url
+    fragment = ""
+    if "#" in query:
+        query, fragment = query.split("#", 1)
+        fragment = "#" + fragment
+    kept = [part for part in query.split("&") if part.split("=", 1)[0] != name]
+    return base + (("?" + "&".join(kept)) if kept else "") + fragment
+
+
+def validate_url(
+    url: object, option: str = "url", *, single_server: bool = False, etcd_too: bool = False
+) -> str:
     """Return ``url`` if it is a Redis URL tasklock can use; else a ConfigurationError naming
     ``option``, the URL (password hidden) and the part that is wrong.
 
     ``single_server``: only redis://, rediss:// and unix:// URLs, as Redlock needs (its masters
-    must be independent and must not fail over).
+    must be independent and must not fail over). ``etcd_too``: ``option`` takes etcd URLs too
+    (checked elsewhere), and the error says so.
     """
-    parsed = parse_redis_url(url, option)
+    parsed = parse_redis_url(url, option, etcd_too=etcd_too)
     if single_server and parsed.kind != "server":
         raise ConfigurationError(
             f"{option}={redacted(parsed.url)!r} is a Redis {parsed.kind.title()} URL, but "
@@ -318,12 +343,32 @@ def _query_options(query: str) -> dict[str, Any]:
         parser = parsers.get(name)
         if parser is None or name in _SENTINEL_QUERY:
             options[name] = value
-            continue
-        try:
-            options[name] = parser(value)
-        except (TypeError, ValueError):
-            raise _Bad(f"has an invalid value for {name!r} in its query: {value!r}") from None
+        else:
+            try:
+                options[name] = parser(value)
+            except (TypeError, ValueError):
+                raise _Bad(f"has an invalid value for {name!r} in its query: {value!r}") from None
+        problem = _query_value_problem(name, options[name])
+        if problem:
+            raise _Bad(f"has {name}={value!r} in its query: {problem}")
     return options
+
+
+def _query_value_problem(name: str, value: Any) -> str | None:
+    """What redis-py would accept here and fail on at the first command (or the server refuse
+    on every connection), or None."""
+    if name in _SECONDS_QUERY and not (isinstance(value, int | float) and 0 < value < math.inf):
+        return "it must be a number of seconds > 0 (leave it out for tasklock's default)"
+    if name == "max_connections" and not (isinstance(value, int) and value >= 1):
+        return "it must be a whole number >= 1"
+    if name == "client_name" and not all("!" <= char <= "~" for char in str(value)):
+        return "Redis refuses client names with spaces, newlines or characters outside ASCII"
+    if name == "encoding":
+        try:
+            codecs.lookup(str(value))
+        except LookupError:
+            return "Python knows no such encoding (e.g. utf-8)"
+    return None
 
 
 def _check_connection_options(options: Mapping[str, Any], connection_class: Any) -> None:

@@ -28,13 +28,15 @@ def _add_url(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_nodes(parser: argparse.ArgumentParser) -> None:
-    """``--url``, or ``--urls`` for Redlock's masters (which these commands read all of)."""
+def _add_nodes(parser: argparse.ArgumentParser, *, etcd: bool = True) -> None:
+    """``--url``, or ``--urls`` for Redlock's masters (which these commands read all of);
+    ``etcd``: the command reads etcd too (the exporter does not)."""
     nodes = parser.add_mutually_exclusive_group()
+    etcd_form = " or etcd://h1,h2" if etcd else ""
     nodes.add_argument(
         "--url",
         metavar="URL",
-        help=f"one Redis (redis+cluster://h1,h2 for a cluster) or etcd://h1,h2 (default: "
+        help=f"one Redis (redis+cluster://h1,h2 for a cluster){etcd_form} (default: "
         f"${URLS_ENV} or ${URL_ENV}, else {DEFAULT_URL})",
     )
     nodes.add_argument(
@@ -161,7 +163,7 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
         description="An HTTP /metrics endpoint for Prometheus, read from Redis at each scrape "
         "(needs pip install 'tasklock[prometheus]'). Runs until Ctrl-C.",
     )
-    _add_nodes(exporter)
+    _add_nodes(exporter, etcd=False)
     exporter.add_argument(
         "--port", type=port_number, required=True, metavar="N", help="the port to listen on"
     )

@@ -42,12 +42,15 @@ def serve_exporter(urls: Sequence[str], option: str, port: int, addr: str, prefi
         )
     try:
         prometheus: Any = importlib.import_module("tasklock.prometheus")
-        print(
-            f"tasklock exporter: starting http://{addr}:{port}/metrics for {len(urls)} Redis "
-            "URL(s) (Ctrl-C stops)",
-            file=sys.stderr,
-        )
-        prometheus.serve(list(urls), port, addr, prefix)
+
+        def listening() -> None:  # said once the address is bound, not before it may fail
+            print(
+                f"tasklock exporter: serving http://{addr}:{port}/metrics for {len(urls)} Redis "
+                "URL(s) (Ctrl-C stops)",
+                file=sys.stderr,
+            )
+
+        prometheus.serve(list(urls), port, addr, prefix, on_listening=listening)
     except ImportError as exc:
         if exc.name == "tasklock.prometheus":
             raise ConfigurationError(

@@ -25,7 +25,7 @@ import redis
 
 from tasklock.backends import is_etcd_url
 from tasklock.core.connection import client_for_url
-from tasklock.core.urls import validate_url
+from tasklock.core.urls import validate_url, without_query_option
 from tasklock.errors import ConfigurationError
 from tasklock.ops.doctor import Report, redact_url, run_doctor
 from tasklock.ops.inspect import (
@@ -84,11 +84,15 @@ def check_url(url: str, option: str) -> str:
     """``url`` if it is a usable Redis or etcd URL, else a ConfigurationError naming ``option``."""
     if is_etcd_url(url):
         return str(_etcd("etcd_inspect").check_url(url, option))
-    return validate_url(url, option)
+    return validate_url(url, option, etcd_too=True)
 
 
 def connect(url: str, option: str) -> redis.Redis:
-    """A client for ``url``; a URL redis-py cannot parse is a usage error naming ``option``."""
+    """A client for ``url``; a URL redis-py cannot parse is a usage error naming ``option``.
+    The commands read keys and values as bytes (a key need not be UTF-8), so a URL's
+    ``decode_responses`` (which an application's own clients may well use) is left out here."""
+    if "decode_responses" in url:
+        url = without_query_option(url, "decode_responses")
     try:
         return client_for_url(url)
     except ValueError as exc:

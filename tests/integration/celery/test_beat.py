@@ -289,6 +289,18 @@ def test_a_bad_tasklock_beat_ttl_is_refused(redis_server: RedisServer, ttl: obje
         LeaderScheduler(_app(redis_server, tasklock_beat_ttl=ttl), lazy=True)
 
 
+def test_an_amqp_broker_without_a_tasklock_url_says_where_beat_reads_it(
+    tmp_path: Path,
+) -> None:
+    app = Celery("tl_beat_amqp", broker="amqp://guest@127.0.0.1:1//")
+    with pytest.raises(ConfigurationError) as error:
+        LeaderScheduler(app, schedule_filename=str(tmp_path / "schedule"))
+    message = str(error.value)
+    assert message.startswith("celery beat: no Redis configured for tasklock")
+    assert "tasklock_url" in message
+    assert "to the task" not in message  # beat has no task options to pass url= to
+
+
 @pytest.mark.parametrize("path", ["no_such_module:Scheduler", "celery.beat:NoSuch", "os:path"])
 def test_a_bad_tasklock_beat_scheduler_is_refused(redis_server: RedisServer, path: str) -> None:
     with pytest.raises(ConfigurationError, match="tasklock_beat_scheduler"):
