@@ -6,8 +6,6 @@ still attempts on its old term is rejected. (Redlock and etcd backends: test_lea
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 
@@ -20,6 +18,7 @@ from tasklock.errors import ConfigurationError
 from tasklock.fencing.redis import fenced_set
 from tests.support.clocks import ClockAhead
 from tests.support.polling import eventually
+from tests.support.scripts import ScriptProcess
 from tests.support.servers import RedisServer
 
 TTL = 2.0
@@ -148,27 +147,12 @@ sys.stdin.read()
 """
 
 
-class LeaderProcess:
+class LeaderProcess(ScriptProcess):
     def __init__(self, url: str, name: str, ttl: float) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", LEADER, url, name, str(ttl)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        word, term = self.process.stdout.readline().split()
+        super().__init__(LEADER, url, name, str(ttl))
+        word, term = self.line().split()
         assert word == "leading"
         self.term = int(term)
-
-    def next_line(self) -> str:
-        assert self.process.stdout is not None
-        return self.process.stdout.readline().strip()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
 
 
 @pytest.fixture
@@ -211,7 +195,7 @@ def test_a_leader_paused_past_its_ttl_never_acts_on_its_old_term(
     old.process.send_signal(signal.SIGCONT)
     # It sees at once (its own clock ran on while it was stopped) that it no longer leads; had a
     # write slipped past the check, the fenced store would have rejected it.
-    outcome = old.next_line()
+    outcome = old.line()
     assert outcome in (f"stepped down {old.term}", f"rejected {old.term}"), outcome
     assert r.llen(f"{name}:writes") == writes_before  # no round of work on the old term
     assert r.get(f"{name}:report") == f"written by term {new_term}".encode()

@@ -14,8 +14,6 @@ list, in the server's order, so "the old holder acted after the new one" is read
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -27,6 +25,7 @@ from tasklock.core.lease import drift_margin
 from tasklock.core.watchdog import get_watchdog
 from tests.support.clocks import ClockAhead
 from tests.support.polling import eventually
+from tests.support.scripts import ScriptProcess
 from tests.support.servers import RedisServer
 
 TTL = 2.0
@@ -97,26 +96,12 @@ sys.stdin.read()
 """
 
 
-class Holder:
+class Holder(ScriptProcess):
     def __init__(self, kind: str, url: str, name: str, *, pause: bool) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, kind, url, name, str(TTL), "pause" if pause else "-"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        super().__init__(HOLDER, kind, url, name, str(TTL), "pause" if pause else "-")
 
-    def line(self) -> list[str]:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        assert line, f"the holder exited (code {self.process.wait(10)}) before saying more"
-        return line.split(maxsplit=2)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-        self.process.wait(10)
+    def words(self) -> list[str]:
+        return self.line().split(maxsplit=2)
 
 
 @pytest.fixture
@@ -135,18 +120,18 @@ def test_a_holder_resumed_past_its_ttl_knows_it_lost_before_acting(
     name = f"paused:{kind}"
     first = Holder(kind, redis_server.url, name, pause=True)
     holders.append(first)
-    word, old_fence = first.line()
+    word, old_fence = first.words()
     assert word == "holding"
     standby = Holder(kind, redis_server.url, name, pause=False)
     holders.append(standby)
-    assert first.line() == ["pausing", old_fence]
+    assert first.words() == ["pausing", old_fence]
     assert first.process.poll() is None
     eventually(
         lambda: first.process.poll() is None and _stopped(first.process.pid),
         what="the first holder stopped itself",
     )
     # Its key runs out; the standby takes over and acts on a newer fence.
-    word, new_fence = standby.line()
+    word, new_fence = standby.words()
     assert word == "holding"
     assert int(new_fence) > int(old_fence)
     eventually(
@@ -154,7 +139,7 @@ def test_a_holder_resumed_past_its_ttl_knows_it_lost_before_acting(
         what="the new holder acting",
     )
     first.process.send_signal(signal.SIGCONT)
-    word, fence, reason = first.line()
+    word, fence, reason = first.words()
     assert (word, fence) == ("lost", old_fence)
     acts = [int(fence) for fence in r.lrange(f"{name}:acts", 0, -1)]
     newest = acts.index(int(new_fence))

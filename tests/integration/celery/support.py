@@ -33,7 +33,9 @@ __all__ = [
     "WorkerProcess",
     "clear_tasklock_keys",
     "configure",
+    "host_time_zone",
     "in_process_worker",
+    "parked_client",
     "rabbitmq_answers",
 ]
 
@@ -67,6 +69,32 @@ def clear_tasklock_keys(client: redis.Redis, pattern: str = "tasklock:*") -> Non
     keys = list(client.scan_iter(match=pattern, count=1000))
     if keys:
         client.delete(*keys)
+
+
+def parked_client(server: Any, parked: str) -> Iterator[redis.Redis]:
+    """A fixture's client for a test that parks calls on ``parked``, a queue no worker consumes:
+    tasklock's keys and the parked messages cleared before and after."""
+    client = server.client()
+    clear_tasklock_keys(client)
+    client.delete(parked)
+    yield client
+    clear_tasklock_keys(client)
+    client.delete(parked)
+    client.close()
+
+
+@contextlib.contextmanager
+def host_time_zone(monkeypatch: Any, zone: str) -> Iterator[str]:
+    """The process's local time zone for one test (what ``datetime.timestamp()`` of a naive
+    datetime assumes), restored afterwards."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    assert time.timezone != 0 or zone == "UTC", "TZ did not take effect"
+    try:
+        yield zone
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 @contextlib.contextmanager

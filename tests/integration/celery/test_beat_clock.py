@@ -15,7 +15,6 @@ What is pinned, exactly, since Celery's schedules read the same frozen clock:
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +24,7 @@ from celery import Celery
 from freezegun import freeze_time
 
 from tasklock.celery import LeaderScheduler
-from tests.integration.celery.support import clear_tasklock_keys, configure
+from tests.integration.celery.support import configure, host_time_zone, parked_client
 from tests.support.servers import RedisServer
 
 PARKED = "tl-beat-clock-parked"  # no worker consumes it
@@ -37,24 +36,13 @@ PERIOD = 60.0
 @pytest.fixture(autouse=True)
 def host_in_tokyo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The host's local time is UTC+9: a naive UTC datetime read as local would be 9 h early."""
-    monkeypatch.setenv("TZ", "Asia/Tokyo")
-    time.tzset()
-    try:
+    with host_time_zone(monkeypatch, "Asia/Tokyo"):
         yield
-    finally:
-        monkeypatch.undo()
-        time.tzset()
 
 
 @pytest.fixture
 def rc(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis_server.client()
-    clear_tasklock_keys(client)
-    client.delete(PARKED)
-    yield client
-    clear_tasklock_keys(client)
-    client.delete(PARKED)
-    client.close()
+    yield from parked_client(redis_server, PARKED)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from celery.worker.request import Request
 
 from tasklock.celery import singleton_task
 from tasklock.guard import reset_all
-from tests.integration.celery.support import clear_tasklock_keys, configure
+from tests.integration.celery.support import configure, host_time_zone, parked_client
 from tests.support.servers import RedisServer
 
 PARKED = "tl-eta-parked"  # no worker consumes it
@@ -32,26 +32,13 @@ AHEAD = datetime.timedelta(hours=2)
 
 @pytest.fixture(params=["Asia/Tokyo", "America/New_York"])
 def host_tz(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The process's local time zone for one test (what ``datetime.timestamp()`` of a naive
-    datetime assumes), restored afterwards."""
-    monkeypatch.setenv("TZ", request.param)
-    time.tzset()
-    assert time.timezone != 0, "TZ did not take effect"
-    try:
-        yield request.param
-    finally:
-        monkeypatch.undo()
-        time.tzset()
+    with host_time_zone(monkeypatch, request.param) as zone:
+        yield zone
 
 
 @pytest.fixture
 def rc(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis_server.client()
-    clear_tasklock_keys(client)
-    client.delete(PARKED)
-    yield client
-    client.delete(PARKED)
-    client.close()
+    yield from parked_client(redis_server, PARKED)
 
 
 def make_task(redis_server: RedisServer, **conf: Any) -> Any:

@@ -21,7 +21,7 @@ from freezegun import freeze_time
 
 from tasklock.celery import singleton_task
 from tasklock.guard import reset_all
-from tests.integration.celery.support import clear_tasklock_keys, configure
+from tests.integration.celery.support import configure, parked_client
 from tests.support.servers import RedisServer
 
 PARKED = "tl-pending-clock-parked"  # no worker consumes it
@@ -35,12 +35,7 @@ BERLIN_0330 = dt.datetime(2025, 3, 30, 3, 30, tzinfo=ZoneInfo("Europe/Berlin"))
 
 @pytest.fixture
 def rc(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis_server.client()
-    clear_tasklock_keys(client)
-    client.delete(PARKED)
-    yield client
-    client.delete(PARKED)
-    client.close()
+    yield from parked_client(redis_server, PARKED)
 
 
 @pytest.fixture
