@@ -180,3 +180,36 @@ def test_a_retried_acquire_finds_its_own_hold(r: redis.Redis) -> None:
     assert ACQUIRE(r, keys, ("owner", 5000, 60_000))[0] == 0  # a prefix of the token is not it
     r.hset("a-hash", "x", 1)
     assert ACQUIRE(r, ("a-hash", "{a-hash}:fence"), ("t", 5000))[0] == 0  # foreign types: held
+
+
+OWNERS = {
+    "lock, fair": lambda r, name: tasklock.Lock(r, name, timeout=30),
+    "lock, unfair": lambda r, name: tasklock.Lock(r, name, timeout=30, fair=False),
+    "semaphore, fair": lambda r, name: tasklock.Semaphore(r, name, 1, timeout=30),
+    "semaphore, unfair": lambda r, name: tasklock.Semaphore(r, name, 1, timeout=30, fair=False),
+}
+
+
+@pytest.mark.parametrize("action", ["release", "extend"])
+@pytest.mark.parametrize("kind", sorted(OWNERS))
+def test_release_and_extend_never_touch_another_owners_hold(
+    r: redis.Redis, kind: str, action: str
+) -> None:
+    """The owner check of every release and extend script: the first holder's key is gone (as
+    after its TTL ran out) and a second owner took the name; the first one's release or extend
+    must fail and leave the second's hold as it was. A release that deleted without checking
+    used to pass every lock test (only the CLI's noticed)."""
+    name = f"owners:{kind.replace(', ', '-')}:{action}"
+    first, second = OWNERS[kind](r, name), OWNERS[kind](r, name)
+    assert first.acquire(blocking=False)
+    r.delete(name)  # its key ran out (without the wait)
+    assert second.acquire(blocking=False)
+    stored, ttl = r.dump(name), r.pttl(name)
+    act = first.release if action == "release" else lambda: first.extend(100)
+    with pytest.raises(tasklock.LockNotOwnedError):
+        act()
+    assert r.dump(name) == stored  # untouched: the same holder, the same fence
+    assert 0 < r.pttl(name) <= ttl  # and not extended
+    assert second.owned()
+    second.release()
+    assert not r.exists(name)
