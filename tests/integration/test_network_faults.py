@@ -256,6 +256,7 @@ def test_asyncio_redlock_release_reaches_a_master_whose_connection_was_broken(
     import redis.asyncio as aioredis
 
     from tasklock.asyncio import Redlock as AsyncRedlock
+    from tasklock.asyncio.lanes import async_lane_for
 
     direct = [server.client() for server in servers]
 
@@ -276,8 +277,11 @@ def test_asyncio_redlock_release_reaches_a_master_whose_connection_was_broken(
         assert all(c.exists("net:late-release") for c in direct), "never held on every master"
         proxies[2].reset()  # the third master's connections break while the lock is held
         proxies[2].latency = 0.3  # and a new one takes longer to make than the round lasts
-        if noticed:
-            await asyncio.sleep(0.2)  # the event loop reads the reset: that connection is gone
+        if noticed:  # the event loop has read the reset: that master's connection is gone
+            lane = async_lane_for(clients[2])
+            assert lane is not None
+            await async_eventually(lambda: not any(c.usable for c in lane._idle),
+                                   "the reset noticed", timeout=5)  # fmt: skip
         await lock.release()  # a quorum (the first two) released in the round
         # Keep the loop running while the late release is sent and answered.
         await async_eventually(lambda: not direct[2].exists("net:late-release"),

@@ -348,3 +348,28 @@ def test_extend_without_a_quorum_keeps_the_hold(
             server.resume()
     assert lock.extend(5) is True
     lock.release()
+
+
+@pytest.mark.parametrize("action", ["release", "extend"])
+def test_release_and_extend_never_touch_another_owners_hold(
+    clients: list[redis.Redis], action: str
+) -> None:
+    """The owner check of Redlock's release and extend scripts on every master: the first
+    holder's keys ran out and a second owner holds the name; the first one's release or extend
+    fails and leaves the second's keys as they were (test_lock_basics has the single-Redis
+    scripts)."""
+    first, second = redlock(clients), redlock(clients)
+    assert first.acquire(blocking=False)
+    for client in clients:
+        client.delete("job")  # its keys ran out (without the wait)
+    assert second.acquire(blocking=False)
+    before = [(client.dump("job"), client.pttl("job")) for client in clients]
+    act = first.release if action == "release" else lambda: first.extend(100)
+    with pytest.raises(LockNotOwnedError):
+        act()
+    after = [(client.dump("job"), client.pttl("job")) for client in clients]
+    assert [value for value, _ in after] == [value for value, _ in before]
+    assert all(0 < ttl <= old for (_, ttl), (_, old) in zip(after, before, strict=True))
+    assert second.owned()
+    second.release()
+    assert nothing_left(clients, "job")

@@ -19,6 +19,7 @@ from tasklock.asyncio.watchdog import get_async_watchdog
 from tasklock.core.keys import queue_keys_for, wake_channel
 from tests.support.polling import async_eventually as eventually
 from tests.support.servers import RedisServer
+from tests.support.sockets import unread_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -169,7 +170,8 @@ async def test_an_attempt_cancelled_in_flight_releases_what_it_took(
     redis_server.pause()
     try:
         attempt = asyncio.create_task(lock.acquire())
-        await asyncio.sleep(0.2)  # let it send the script to the paused server
+        # In flight: the script reached the paused server, which has not read it.
+        await eventually(lambda: unread_bytes(redis_server.port) > 0, "the script in flight")
         attempt.cancel()
         with pytest.raises(asyncio.CancelledError):
             await attempt
@@ -226,7 +228,7 @@ async def test_a_release_cancelled_in_flight_completes_and_keeps_the_hold_until_
     redis_server.pause()
     try:
         release = asyncio.create_task(lock.release())
-        await asyncio.sleep(0.2)  # let it send the script to the paused server
+        await eventually(lambda: unread_bytes(redis_server.port) > 0, "the release in flight")
         release.cancel()
         with pytest.raises(asyncio.CancelledError):
             await release

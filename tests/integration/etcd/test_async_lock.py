@@ -226,9 +226,10 @@ async def test_unreachable_endpoints_are_named(etcd: EtcdServer) -> None:
 async def test_a_cancelled_waiter_leaves_no_key(etcd: EtcdServer) -> None:
     name = lock_name()
     async with Lock(etcd.url, name, timeout=30):
-        waiter = Lock(etcd.url, name, timeout=30)
+        client = CountingClient(etcd.url)
+        waiter = Lock(client, name, timeout=30)
         task = asyncio.create_task(waiter.acquire())
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(client.watching.wait(), 10)  # waiting: its watch is open
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
