@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from tasklock import fleet
+from tests.support.databases import MariaDB, start_mariadb
 from tests.support.servers import (
     RedisClusterServers,
     RedisServer,
@@ -110,3 +111,11 @@ def tls_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Redis
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDB]:
+    """The suite's own MariaDB (started once, on a free loopback port): the fencing and Django
+    tests each make a database of their own on it."""
+    with start_mariadb() as server:
+        yield server

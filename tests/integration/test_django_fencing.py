@@ -1,6 +1,6 @@
 """Fencing for Django (``tasklock.django.fencing``) against real databases: PostgreSQL (pgserver,
-one per module), a SQLite file, and MariaDB where one answers on localhost:3306 (skipped with the
-reason where none does).
+one per module), a SQLite file, and the suite's MariaDB (``tests/support/databases.py``: skipped,
+naming the install line, only where MariaDB is not installed).
 
 Each database gets its own alias beside the test project's in-memory ``default``, migrated as a
 project would (``migrate``: the app's migration creates ``tasklock_fence``). The tests cover the
@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from tasklock import StaleFence
 from tasklock.errors import ConfigurationError
-from tests.support.databases import mysql_url_or_skip_reason, start_postgres
+from tests.support.databases import MariaDB, start_postgres
 from tests.support.django_databases import django_database, mariadb_database
 
 # pgserver's platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers): nothing to act on.
@@ -59,11 +59,11 @@ def sqlite_alias(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def mariadb_alias() -> Iterator[str]:
-    url, reason = mysql_url_or_skip_reason()
-    if url is None:
-        pytest.skip(reason)
-    with mariadb_database() as entry, django_database("fence_mariadb", entry) as alias:
+def mariadb_alias(mariadb: MariaDB) -> Iterator[str]:
+    with (
+        mariadb_database(mariadb.host, mariadb.port) as entry,
+        django_database("fence_mariadb", entry) as alias,
+    ):
         yield alias
 
 

@@ -1,7 +1,9 @@
 """Real databases for the fencing tests: PostgreSQL from the ``pgserver`` wheel (PostgreSQL 16
 binaries in the test extra, nothing to install by hand, about a second to start), SQLite files,
-and a MySQL/MariaDB server where one answers on localhost:3306 (tests skip with the reason where
-none does).
+and MariaDB from the machine's ``mariadbd`` (Debian's ``mariadb-server``, which ``.ci/run``
+installs), started by the suite in a temporary directory on a free loopback port, never the
+machine's own server. Where MariaDB is not installed the tests that need it skip, naming the
+install line; where it is installed and does not start, they fail.
 
 PostgreSQL listens on a unix socket in its own temporary directory only (no TCP port), so test
 runs cannot collide with each other or with a PostgreSQL on the machine.
@@ -11,14 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
+import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote
 
-__all__ = ["Postgres", "mysql_url_or_skip_reason", "start_postgres"]
+__all__ = ["MARIADB_INSTALL", "Postgres", "start_mariadb", "start_postgres"]
+
+#: What a machine without MariaDB needs (the reason the MariaDB tests skip there).
+MARIADB_INSTALL = "MariaDB is not installed: apt-get install mariadb-server (.ci/run does)"
 
 
 @dataclass(frozen=True)
@@ -69,19 +75,75 @@ def start_postgres() -> Iterator[Postgres]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def mysql_url_or_skip_reason(host: str = "127.0.0.1", port: int = 3306) -> tuple[str | None, str]:
-    """A SQLAlchemy URL of a MySQL/MariaDB answering on ``host:port`` as root with no password
-    (database ``test``), or None and why not."""
+@dataclass(frozen=True)
+class MariaDB:
+    """One running MariaDB of the suite's: root with no password on ``host:port``."""
+
+    host: str
+    port: int
+
+    def url(self, database: str = "") -> str:
+        """A SQLAlchemy URL (PyMySQL) of ``database`` on it."""
+        return f"mysql+pymysql://root@{self.host}:{self.port}/{database}"
+
+
+def _mariadb_binaries() -> tuple[str, str] | None:
+    server = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/sbin")
+    install = shutil.which("mariadb-install-db")
+    return (server, install) if server and install else None
+
+
+@contextlib.contextmanager
+def start_mariadb() -> Iterator[MariaDB]:
+    """A fresh MariaDB in a temporary directory on a free loopback port, stopped and removed
+    afterwards; ``pytest.skip`` (naming the install line) only where it is not installed."""
+    import pytest
+
+    from tests.support.servers import free_port, wait_for
+
+    binaries = _mariadb_binaries()
+    if binaries is None:
+        pytest.skip(MARIADB_INSTALL)
+    server, install = binaries
+    base = Path(tempfile.mkdtemp(prefix="tasklock-mariadb-"))
+    data, log = base / "data", base / "error.log"
     try:
-        import pymysql
-    except ImportError:
-        return None, "pymysql is not installed"
-    with socket.socket() as probe:
-        probe.settimeout(0.5)
-        if probe.connect_ex((host, port)) != 0:
-            return None, f"no MySQL/MariaDB server answers on {host}:{port}"
+        subprocess.run(
+            [install, "--no-defaults", f"--datadir={data}", "--skip-test-db", "--user=root",
+             "--auth-root-authentication-method=normal"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        port = free_port()
+        process = subprocess.Popen(
+            [server, "--no-defaults", f"--datadir={data}", f"--port={port}",
+             "--bind-address=127.0.0.1", f"--socket={base / 'mysqld.sock'}", "--user=root",
+             f"--pid-file={base / 'mysqld.pid'}", f"--log-error={log}", "--skip-name-resolve"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            wait_for(
+                lambda: process.poll() is not None or _answers(port),
+                f"MariaDB on 127.0.0.1:{port}",
+            )
+            if process.poll() is not None:
+                raise RuntimeError(f"mariadbd exited: {log.read_text(errors='replace')[-2000:]}")
+            yield MariaDB("127.0.0.1", port)
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _answers(port: int) -> bool:
+    import pymysql
+
     try:
-        pymysql.connect(host=host, port=port, user="root", password="", database="test").close()
-    except Exception as exc:
-        return None, f"the MySQL/MariaDB server on {host}:{port} refused root@test: {exc}"
-    return f"mysql+pymysql://root@{host}:{port}/test", ""
+        pymysql.connect(host="127.0.0.1", port=port, user="root", password="").close()
+    except pymysql.MySQLError:
+        return False
+    return True

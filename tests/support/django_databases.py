@@ -40,8 +40,8 @@ def django_database(alias: str, entry: dict[str, Any], *, migrate: bool = True) 
 
 
 @contextlib.contextmanager
-def mariadb_database(host: str = "127.0.0.1", port: int = 3306) -> Iterator[dict[str, Any]]:
-    """A database of its own on the local MySQL/MariaDB server (root, no password), as a Django
+def mariadb_database(host: str, port: int) -> Iterator[dict[str, Any]]:
+    """A database of its own on the suite's MariaDB server (root, no password), as a Django
     ``DATABASES`` entry, dropped afterwards: the SQLAlchemy tests use ``test``, and both forms
     default to the same table name.
 

@@ -1,7 +1,7 @@
 """Real databases for the fencing tests, one of each per test module: a PostgreSQL (pgserver,
-started for the module and removed after it) and, where a MySQL/MariaDB answers on localhost:3306,
-a database of its own on it (created for the module and dropped after it; the module's tests skip,
-saying why, where none answers)."""
+started for the module and removed after it) and a database of its own on the suite's MariaDB
+(created for the module and dropped after it; skipped, naming the install line, only where
+MariaDB is not installed)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.databases import Postgres, mysql_url_or_skip_reason, start_postgres
+from tests.support.databases import MariaDB, Postgres, start_postgres
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +21,11 @@ def postgres() -> Iterator[Postgres]:
 
 
 @pytest.fixture(scope="module")
-def mysql_url() -> Iterator[str]:
-    """A SQLAlchemy URL of a fresh database on the local MySQL/MariaDB, dropped after the module
-    (so parallel runs and other suites using ``test`` never see each other's tables)."""
-    url, reason = mysql_url_or_skip_reason()
-    if url is None:
-        pytest.skip(reason)
+def mysql_url(mariadb: MariaDB) -> Iterator[str]:
+    """A SQLAlchemy URL of a fresh database on the suite's MariaDB, dropped after the module."""
     import sqlalchemy as sa
 
+    url = mariadb.url()
     name = f"tasklock_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(url)
     try:

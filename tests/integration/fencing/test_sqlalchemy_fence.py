@@ -1,5 +1,5 @@
 """tasklock.fencing.sqlalchemy on real databases: PostgreSQL (pgserver), SQLite (a file) and
-MySQL/MariaDB (where one answers on localhost:3306), each test on each of them.
+MariaDB (the suite's own, see ``tests/support/databases.py``), each test on each of them.
 
 Accepted, equal and refused tokens; a refused writer's transaction rolls back with all it wrote;
 fenced_update on a fence column; prune; the errors for bad inputs; two writers of one resource
