@@ -414,10 +414,8 @@ def test_release_one_permit_by_fence_revokes_only_its_lease(
 def test_a_real_semaphores_permits_are_listed_and_one_is_released(
     etcd: EtcdServer, url: str, prefix: str, run: Run
 ) -> None:
-    """The same on permits taken by tasklock.etcd.Semaphore (skipped where it does not exist)."""
-    semaphore_class = getattr(tasklock.etcd, "Semaphore", None)
-    if semaphore_class is None:
-        pytest.skip("tasklock.etcd.Semaphore is not there yet: the hand-made permits stand in")
+    """The same on permits taken by tasklock.etcd.Semaphore."""
+    semaphore_class = tasklock.etcd.Semaphore
     name = prefix + "sem"
     holders = []
     for task in ("t-1", "t-2"):
