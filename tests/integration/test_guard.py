@@ -291,5 +291,10 @@ def test_urls_use_redlock_and_duplicates_name_the_holder() -> None:
         # A master slower than the node deadline gets its release a little later (the late
         # replies' reaper): gone well before the 30 s TTL, not necessarily at once.
         key = guard.lock_key((1,), {})
-        eventually(lambda: not any(s.client().exists(key) for s in servers), timeout=5,
-                   what="released on every master")  # fmt: skip
+        try:
+            eventually(lambda: not any(s.client().exists(key) for s in servers), timeout=5,
+                       what="released on every master")  # fmt: skip
+        except AssertionError as exc:
+            # Seen once under load (issue 33): say whose key stayed where, to find the path.
+            left = [(s.port, s.client().get(key), s.client().pttl(key)) for s in servers]
+            raise AssertionError(f"{exc}; (port, value, pttl) per master: {left}") from None
