@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from tasklock import fleet
+from tests.support.brokers import start_rabbitmq
 from tests.support.databases import MariaDB, start_mariadb
 from tests.support.servers import (
     RedisClusterServers,
@@ -119,3 +120,10 @@ def mariadb() -> Iterator[MariaDB]:
     tests each make a database of their own on it."""
     with start_mariadb() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """The suite's own RabbitMQ node (started once, on free loopback ports), as an AMQP URL."""
+    with start_rabbitmq() as url:
+        yield url

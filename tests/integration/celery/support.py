@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[3]
 WORKER_READY_DEADLINE = 60.0
 
 __all__ = [
-    "RABBITMQ",
     "Gates",
     "WorkerProcess",
     "clear_tasklock_keys",
@@ -36,20 +34,7 @@ __all__ = [
     "host_time_zone",
     "in_process_worker",
     "parked_client",
-    "rabbitmq_answers",
 ]
-
-#: The machine's RabbitMQ, where there is one (tests that need it skip, saying so, otherwise).
-RABBITMQ = "amqp://guest:guest@localhost:5672//"
-
-
-def rabbitmq_answers() -> bool:
-    """Whether something accepts connections on RabbitMQ's port on this machine."""
-    try:
-        with socket.create_connection(("localhost", 5672), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def configure(app: Celery, url: str, **conf: Any) -> Celery:

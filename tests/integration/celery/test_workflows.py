@@ -25,12 +25,10 @@ from tasklock.celery import DUPLICATE, singleton_task
 from tasklock.core.keys import wake_channel
 from tasklock.errors import DuplicateTask
 from tests.integration.celery.support import (
-    RABBITMQ,
     Gates,
     clear_tasklock_keys,
     configure,
     in_process_worker,
-    rabbitmq_answers,
 )
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
@@ -119,9 +117,6 @@ BROKERS = [
         "rabbitmq",
         marks=[
             pytest.mark.rabbitmq,
-            pytest.mark.skipif(
-                not rabbitmq_answers(), reason="no RabbitMQ answers on localhost:5672"
-            ),
         ],
     ),
 ]
@@ -137,7 +132,7 @@ def wf(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[Wo
         worker_options: dict[str, Any] = {}
     else:
         app.conf.update(
-            broker_url=RABBITMQ,
+            broker_url=request.getfixturevalue("rabbitmq_url"),
             result_backend=redis_server.url,
             tasklock_url=redis_server.url,  # the broker is not Redis: the lock's Redis is explicit
             task_default_queue=workflows.queue,
