@@ -17,7 +17,7 @@ its TTL (GC, SIGSTOP, a VM migration) resumes with its threads all at once, and 
 "am I leader?" before the watchdog has had the round trip that would tell it no. So ``lost``,
 like every tasklock holder's, is also true once the lease has run out by this process's own
 monotonic clock (which runs on while the process is stopped), less a margin for the clocks'
-drift (:func:`tasklock.core.lease.drift_margin`): a resumed leader sees ``is_leader`` False at
+drift (:func:`tasklock.core.hold.drift_margin`): a resumed leader sees ``is_leader`` False at
 once, with no round trip, and never acts on a term it no longer holds. Where one
 round trip per action is affordable, :meth:`Leader.confirm` checks with the store too. And a
 term that is already stale by the time a write lands (a pause between the check and the write)

@@ -21,7 +21,7 @@ import redis
 
 import tasklock
 from tasklock.core.clock import use_clock
-from tasklock.core.lease import drift_margin
+from tasklock.core.hold import drift_margin
 from tasklock.core.watchdog import get_watchdog
 from tests.support.clocks import ClockAhead
 from tests.support.polling import eventually

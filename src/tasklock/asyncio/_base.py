@@ -30,15 +30,8 @@ from typing import Any, Literal, Protocol, Self
 from tasklock.asyncio.background import keep
 from tasklock.asyncio.watchdog import AsyncWatchdog, get_async_watchdog
 from tasklock.core.clock import clock
-from tasklock.core.lease import (
-    GIVE_UP,
-    Attempt,
-    ClockedLost,
-    Hold,
-    LeaseCore,
-    Number,
-    check_seconds,
-)
+from tasklock.core.hold import ClockedLost, Hold
+from tasklock.core.lease import GIVE_UP, Attempt, LeaseCore, Number, check_seconds
 from tasklock.core.owner import Holder, parse_value
 from tasklock.core.renewal import Renewal
 from tasklock.errors import LockError
@@ -55,7 +48,7 @@ __all__ = ["AsyncBaseLock", "AsyncLostFlag", "TaskLocal"]
 
 
 class AsyncLostFlag(asyncio.Event, ClockedLost):
-    """``lock.lost`` of an asyncio lock (see :class:`tasklock.core.lease.ClockedLost`): truthy
+    """``lock.lost`` of an asyncio lock (see :class:`tasklock.core.hold.ClockedLost`): truthy
     when lost (``while not lock.lost:``), and awaitable: ``await lock.lost.wait()`` (with
     ``asyncio.timeout`` for a bound) returns as soon as the watchdog finds the hold gone or its
     lease runs out by this process's clock, whichever is first."""

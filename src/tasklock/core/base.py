@@ -18,6 +18,7 @@ from types import SimpleNamespace, TracebackType
 from typing import Any, Literal, Protocol, Self
 
 from tasklock.core.clock import clock
+from tasklock.core.hold import LostFlag
 from tasklock.core.lease import (
     DEFAULT_TTL,
     GIVE_UP,
@@ -25,7 +26,6 @@ from tasklock.core.lease import (
     MAX_TTL,
     Attempt,
     LeaseCore,
-    LostFlag,
     Number,
     check_seconds,
 )
