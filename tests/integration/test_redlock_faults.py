@@ -44,11 +44,15 @@ from tests.support.history import (
     assert_no_overlap,
     run_processes,
 )
-from tests.support.polling import eventually
+from tests.support.polling import async_eventually, eventually
 from tests.support.servers import RedisServer, start_servers
 
 NODE_TIMEOUT = 0.2  # a live master on a loaded 2-core CI box answers well within this
-SLACK = 2.0  # scheduling on a busy 2-core CI machine; still below a 5 s socket timeout
+#: The lock's clients' socket timeouts: what a Redlock that waited on a stopped master (instead of
+#: its deadline) would wait for. The bounds below sit far from it, so they tell the two apart on
+#: any machine, however loaded, rather than measure the machine.
+WRONG_WAIT = 60.0
+SLACK = WRONG_WAIT / 4
 # An acquire is at most three fan-outs (round 1, round 2, undo), each bounded by the deadline.
 ACQUIRE_BOUND = 3 * NODE_TIMEOUT + SLACK
 RELEASE_BOUND = NODE_TIMEOUT + SLACK
@@ -86,7 +90,7 @@ def check_every_subset(servers: list[RedisServer], mode: str) -> int:
     """Stop or pause each subset of masters in turn; returns the number of cases run."""
     n = len(servers)
     tolerance = fault_tolerance(n)
-    lock_clients = [server.client() for server in servers]
+    lock_clients = [server.client(socket_timeout=WRONG_WAIT) for server in servers]
     checks = [server.client() for server in servers]
     cases = 0
     try:
@@ -518,3 +522,56 @@ def test_a_set_the_reaper_gave_up_on_is_undone_behind_it_while_the_hold_goes_on(
     assert_cleaned_up(checks, "long-pause", "no key left after the release")
     for client in clients + checks:
         client.close()
+
+
+def test_a_release_deferred_to_a_master_that_was_away_reaches_it_when_it_is_back() -> None:
+    """A master is down (killed, its AOF kept) at the release: its release is deferred, and the
+    first try to send it fails. It must be tried again by itself: it used to wait for the next
+    call this process made to that master, and with none (the process's last lock on it) the
+    restarted master kept the key until its TTL. Seen as a flake of test_guard's Redlock case
+    under load, where a release that got no connection in time met a drain that timed out."""
+    with start_servers(3, appendonly=True) as servers:
+        checks = [server.client() for server in servers]
+        lock = Redlock([s.url for s in servers], "deferred", timeout=30, node_timeout=NODE_TIMEOUT)
+        assert lock.acquire(blocking=False)
+        eventually(lambda: all(c.exists("deferred") for c in checks), what="held on every master")
+        servers[2].stop()  # SIGKILL: its AOF (appendfsync always) keeps our key
+        lock.release()  # the first two in the round; the third's is deferred, and fails
+        servers[2].start()  # back, with the key, and nothing of ours calls it again
+        assert checks[2].exists("deferred"), "the restarted master lost the key"
+        eventually(
+            lambda: not checks[2].exists("deferred"),
+            timeout=CLEANUP,
+            what="the deferred release sent again to the master that came back",
+        )
+
+
+def test_the_asyncio_redlock_release_reaches_a_master_that_was_away_when_it_is_back() -> None:
+    """As above, for tasklock.asyncio.Redlock: the loop goes on (a service's), the master comes
+    back with the key, and the release must reach it long before the TTL."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from tasklock.asyncio import Redlock as AsyncRedlock
+
+    with start_servers(3, appendonly=True) as servers:
+        checks = [server.client() for server in servers]
+
+        async def scenario() -> None:
+            clients = [aioredis.Redis(host="127.0.0.1", port=s.port) for s in servers]
+            lock = AsyncRedlock(clients, "deferred", timeout=30, node_timeout=NODE_TIMEOUT)
+            assert await lock.acquire(blocking=False)
+            await async_eventually(lambda: all(c.exists("deferred") for c in checks),
+                                   "held on every master")  # fmt: skip
+            servers[2].stop()
+            await lock.release()
+            servers[2].start()
+            assert checks[2].exists("deferred"), "the restarted master lost the key"
+            await async_eventually(lambda: not checks[2].exists("deferred"),
+                                   "the release sent again to the master that came back",
+                                   timeout=CLEANUP)  # fmt: skip
+            for client in clients:
+                await client.aclose()
+
+        asyncio.run(scenario())

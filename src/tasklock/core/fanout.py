@@ -101,6 +101,9 @@ MAX_IDLE = 16
 MAX_CONNECTING = 4
 #: Deferred releases kept per server, at most (the oldest are dropped: their keys expire).
 MAX_DEFERRED = 10_000
+#: How soon deferred commands are sent again to a server that was away when they were last
+#: tried, doubling up to the second figure while it stays away (see :meth:`Node._drain`).
+DEFER_RETRY_FIRST, DEFER_RETRY_MAX = 0.25, 4.0
 
 
 # -- one server ---------------------------------------------------------------------------------
@@ -123,6 +126,7 @@ class Node:
         self.failing_since: float | None = None
         self._deferred: list[Op] = []
         self._draining = False
+        self._retry_in = 0.0  # the pause before the next try of a server that was away
         self._listeners: set[Waker] = set()  # calls waiting for a connection to this server
         self._views: dict[float, TimedNode] = {}
         _every_node.add(self)
@@ -137,6 +141,7 @@ class Node:
         self._connects = []
         self._deferred = []
         self._draining = False
+        self._retry_in = 0.0
         self._listeners = set()
         self.failing_since = None
 
@@ -179,8 +184,11 @@ class Node:
 
     def _drain(self) -> None:
         """Send the deferred commands on a connection of its own (never one a caller waits
-        for) and read their answers. If the server is still away, they stay queued and the next
-        call to this server (see :meth:`take`) tries again."""
+        for) and read their answers. If the server is still away (or too slow to answer in
+        its socket timeout), they stay queued and are tried again after a pause, doubling up to
+        DEFER_RETRY_MAX, and at the next call to this server (see :meth:`take`). Waiting for a
+        next call only, a release deferred by the last call a process made to a server stayed
+        there until the key's TTL: nothing else would ever call it."""
         away = False
         try:
             while True:
@@ -209,7 +217,15 @@ class Node:
         finally:
             with self._lock:
                 self._draining = False
-            if not away and self._deferred:  # queued just as this job found nothing left
+                self._retry_in = min(DEFER_RETRY_MAX, self._retry_in * 2 or DEFER_RETRY_FIRST)
+                if not away:
+                    self._retry_in = 0.0
+                pause = self._retry_in
+            if away:
+                retry = threading.Timer(pause, self._drain_soon)
+                retry.daemon = True
+                retry.start()
+            elif self._deferred:  # queued just as this job found nothing left
                 self._drain_soon()
 
     def put(self, conn: Any) -> None:
