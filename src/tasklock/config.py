@@ -14,8 +14,6 @@ at 3 a.m. in a worker. The other sources are read lazily on first use (and again
 from __future__ import annotations
 
 import math
-import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +22,7 @@ from tasklock.backends import etcd_cluster_url, etcd_option_problems, is_redlock
 from tasklock.core.base import MAX_TTL
 from tasklock.core.rates import RatePlan
 from tasklock.errors import ConfigurationError
+from tasklock.settings_sources import celery_conf_options, django_setting, environment
 
 __all__ = [
     "DEFAULTS",
@@ -426,41 +425,6 @@ class TaskOptions:
         return self.fencing or None
 
 
-def _environment() -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    if os.environ.get("TASKLOCK_URL"):
-        found["url"] = os.environ["TASKLOCK_URL"]
-    if os.environ.get("TASKLOCK_URLS"):
-        found["urls"] = [u.strip() for u in os.environ["TASKLOCK_URLS"].split(",") if u.strip()]
-    if os.environ.get("TASKLOCK_KEY_PREFIX"):
-        found["key_prefix"] = os.environ["TASKLOCK_KEY_PREFIX"]
-    return found
-
-
-def _celery_conf(conf: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``tasklock_<option>`` keys of a Celery app.conf (Django: CELERY_TASKLOCK_<OPTION>)."""
-    if conf is None:
-        return {}
-    found: dict[str, Any] = {}
-    for name in OPTION_NAMES:
-        for key in (f"tasklock_{name}", f"TASKLOCK_{name.upper()}"):
-            value = conf.get(key)
-            if value is not None:
-                found[name] = value
-                break
-    return found
-
-
-def _django() -> dict[str, Any]:
-    # Only when the project already imported Django: tasklock never imports it itself here.
-    if "django.conf" not in sys.modules:
-        return {}
-    from tasklock.django.settings import read_tasklock_setting
-
-    settings: dict[str, Any] = read_tasklock_setting()
-    return settings
-
-
 def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     """Options that are fine in each layer but not together (a project's
     ``DEDUPE_ENQUEUE="until_start"`` and a task's ``on_duplicate="skip"``, a task's ``limit=3``
@@ -547,12 +511,14 @@ def resolve_options(
     sources: dict[str, str] = {}
     layers = (
         ("defaults", DEFAULTS),
-        ("environment", validate_options(_environment(), "environment", project_wide=True)),
+        ("environment", validate_options(environment(), "environment", project_wide=True)),
         (
             "Celery app.conf",
-            validate_options(_celery_conf(celery_conf), "Celery app.conf", project_wide=True),
+            validate_options(
+                celery_conf_options(celery_conf, OPTION_NAMES), "Celery app.conf", project_wide=True
+            ),
         ),
-        ("Django TASKLOCK", _django()),
+        ("Django TASKLOCK", django_setting()),
         ("task options", explicit),
     )
     for source, layer in layers:
