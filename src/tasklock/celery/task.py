@@ -63,10 +63,9 @@ from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 from kombu.utils.uuid import uuid
 
 from tasklock import fleet
-from tasklock._celery_beat import LeaderScheduler
-from tasklock._celery_config import broker_client, near_miss, seconds_until_due, split_options
-from tasklock._celery_outcomes import requeue_when_down, skip_call
-from tasklock._celery_rates import defer_call
+from tasklock.celery.options import broker_client, near_miss, seconds_until_due, split_options
+from tasklock.celery.outcomes import requeue_when_down, skip_call
+from tasklock.celery.rates import defer_call
 from tasklock.config import OPTION_NAMES, validate_options
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateTask, RateLimited
 from tasklock.guard import Duplicate, Guard, Throttle
@@ -76,7 +75,7 @@ if TYPE_CHECKING:
     from celery.app.task import Context
     from celery.result import AsyncResult
 
-__all__ = ["DUPLICATE", "RATE_LIMITED", "LeaderScheduler", "SingletonTask", "singleton_task"]
+__all__ = ["DUPLICATE", "RATE_LIMITED", "SingletonTask", "singleton_task"]
 
 log = logging.getLogger("tasklock.celery")
 
