@@ -14,9 +14,7 @@ at 3 a.m. in a worker. The other sources are read lazily on first use (and again
 from __future__ import annotations
 
 import math
-import os
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +22,7 @@ from tasklock.backends import etcd_cluster_url, etcd_option_problems, is_redlock
 from tasklock.core.base import MAX_TTL
 from tasklock.core.rates import RatePlan
 from tasklock.errors import ConfigurationError
+from tasklock.settings_sources import celery_conf_options, django_setting, environment
 
 __all__ = [
     "DEFAULTS",
@@ -161,15 +160,40 @@ def check_options(
     ``project_wide``: the options come from settings that apply to every task (Django, Celery
     app.conf, environment), where the per-task ``key`` and ``fencing`` are errors.
     """
-    problems: list[Problem] = []
+    found = _Found(source)
+    _scope_problems(options, found, project_wide)
+    _duration_problems(options, found)
+    _policy_problems(options, found)
+    _limit_problems(options, found)
+    found.extend(_rate_problems(options, source))
+    found.extend(
+        Problem(option, f"{source}: {message}", hint, code)
+        for option, message, hint, code in etcd_option_problems(options)
+    )
+    _watchdog_off_warning(options, found)
+    _argument_problems(options, found)
+    _connection_problems(options, found)
+    return list(found)
 
-    def bad(option: str, message: str, hint: str, code: str, warning: bool = False) -> None:
-        problems.append(Problem(option, f"{source}: {message}", hint, code, warning))
 
+class _Found(list[Problem]):
+    """The problems found in one layer of options, each message prefixed with its source."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def bad(self, option: str, message: str, hint: str, code: str, warning: bool = False) -> None:
+        self.append(Problem(option, f"{self.source}: {message}", hint, code, warning))
+
+
+def _scope_problems(options: Mapping[str, Any], found: _Found, project_wide: bool) -> None:
+    """Options that do not belong in this layer: a task's own (``key``, ``fencing``,
+    ``rate_key``) in project-wide settings, and names that are no option at all."""
     if project_wide:
         for name in TASK_ONLY_OPTIONS:
             if name in options:
-                bad(
+                found.bad(
                     name,
                     f"{name!r} describes one task's arguments and cannot be a project-wide setting",
                     f"pass {name}=... on the task decorator",
@@ -178,19 +202,20 @@ def check_options(
 
     for name in options:
         if name not in DEFAULTS:
-            bad(
+            found.bad(
                 name,
                 f"unknown option {name!r}",
                 f"valid options: {', '.join(OPTION_NAMES)}",
                 "E001",
             )
 
-    def get(name: str) -> Any:
-        return options.get(name)
 
+def _duration_problems(options: Mapping[str, Any], found: _Found) -> None:
+    """The TTLs and the wait: numbers of seconds, in range."""
+    get: Callable[[str], Any] = options.get
     for name in ("ttl", "pending_ttl"):
         if name in options and (not _is_number(get(name)) or get(name) <= 0):
-            bad(
+            found.bad(
                 name,
                 f"{name} must be a number of seconds > 0, got {get(name)!r}",
                 "e.g. 30",
@@ -200,7 +225,7 @@ def check_options(
             # The floor the lock core enforces (it sets expiries in whole milliseconds, and 0 ms
             # is no expiry Redis takes): below it every call of the task would fail, so it is an
             # error here, where the option is given, not a warning.
-            bad(
+            found.bad(
                 name,
                 f"{name} must be at least {MIN_TTL} seconds, got {get(name)!r}",
                 "Redis expires keys in whole milliseconds; a TTL is the backstop for a crashed "
@@ -208,7 +233,7 @@ def check_options(
                 "E002",
             )
         elif name in options and get(name) > MAX_TTL:
-            bad(
+            found.bad(
                 name,
                 f"{name} must be at most {MAX_TTL:.0f} seconds (a year), got {get(name)!r}",
                 "a TTL is the backstop for a crashed worker; the watchdog renews a short one for "
@@ -218,11 +243,21 @@ def check_options(
     if "ttl" in options and _is_number(get("ttl")) and MIN_TTL <= get("ttl") < 1:
         # Legal, but the watchdog then renews several times a second and a GC pause or a slow
         # round trip loses the lock.
-        bad("ttl", f"ttl={get('ttl')!r} s is very short", "keep ttl >= 1 s", "W001", warning=True)
+        found.bad(
+            "ttl", f"ttl={get('ttl')!r} s is very short", "keep ttl >= 1 s", "W001", warning=True
+        )
     if "wait_timeout" in options and get("wait_timeout") is not None:
         value = get("wait_timeout")
         if not _is_number(value) or value < 0:
-            bad("wait_timeout", f"wait_timeout must be seconds >= 0, got {value!r}", "", "E002")
+            found.bad(
+                "wait_timeout", f"wait_timeout must be seconds >= 0, got {value!r}", "", "E002"
+            )
+
+
+def _policy_problems(options: Mapping[str, Any], found: _Found) -> None:
+    """The ``on_*`` policies, the watchdog flag and ``dedupe_enqueue`` (with what
+    ``"until_start"`` needs of the policies)."""
+    get: Callable[[str], Any] = options.get
     for name, choices in (
         ("on_duplicate", ON_DUPLICATE),
         ("on_wait_timeout", ON_WAIT_TIMEOUT),
@@ -230,14 +265,14 @@ def check_options(
         ("on_rate_limit", ON_RATE_LIMIT),
     ):
         if name in options and get(name) not in choices:
-            bad(
+            found.bad(
                 name,
                 f"{name} must be one of {', '.join(map(repr, choices))}, got {get(name)!r}",
                 f"use one of {', '.join(choices)}",
                 "E003",
             )
     if get("on_backend_error") == "run":
-        bad(
+        found.bad(
             "on_backend_error",
             "on_backend_error='run' runs tasks unlocked while Redis is unreachable",
             "use it only for work that is safe to run twice",
@@ -245,9 +280,11 @@ def check_options(
             warning=True,
         )
     if "watchdog" in options and not isinstance(get("watchdog"), bool):
-        bad("watchdog", f"watchdog must be True or False, got {get('watchdog')!r}", "", "E004")
+        found.bad(
+            "watchdog", f"watchdog must be True or False, got {get('watchdog')!r}", "", "E004"
+        )
     if "dedupe_enqueue" in options and not _is_dedupe_enqueue(get("dedupe_enqueue")):
-        bad(
+        found.bad(
             "dedupe_enqueue",
             f"dedupe_enqueue must be False, True or 'until_start', got {get('dedupe_enqueue')!r}",
             "True keeps the enqueue marker until the run ends, 'until_start' until it starts",
@@ -262,9 +299,14 @@ def check_options(
             options.get("on_wait_timeout", DEFAULTS["on_wait_timeout"]),
         )
         if problem is not None:
-            bad("dedupe_enqueue", problem[0], problem[1], "E010")
+            found.bad("dedupe_enqueue", problem[0], problem[1], "E010")
+
+
+def _limit_problems(options: Mapping[str, Any], found: _Found) -> None:
+    """``limit``: a count or None, never above 1 with Redlock, never None with fencing."""
+    get: Callable[[str], Any] = options.get
     if "limit" in options and not _is_limit(get("limit")):
-        bad(
+        found.bad(
             "limit",
             f"limit must be a whole number >= 1 (bodies at once per key) or None (no execution "
             f"lock), got {get('limit')!r}",
@@ -272,34 +314,42 @@ def check_options(
             "E011",
         )
     elif _is_limit(get("limit")) and (get("limit") or 1) > 1 and is_redlock(get("urls")):
-        bad("limit", REDLOCK_LIMIT_PROBLEM.format(limit=get("limit")), REDLOCK_LIMIT_HINT, "E012")
+        found.bad(
+            "limit", REDLOCK_LIMIT_PROBLEM.format(limit=get("limit")), REDLOCK_LIMIT_HINT, "E012"
+        )
     if "limit" in options and get("limit") is None and get("fencing"):
-        bad(
+        found.bad(
             "fencing",
             "fencing with limit=None: fence tokens come with the execution lock, which "
             "limit=None turns off",
             "keep limit=1 (the default) for a fenced task",
             "E014",
         )
-    problems.extend(_rate_problems(options, source))
-    problems.extend(
-        Problem(option, f"{source}: {message}", hint, code)
-        for option, message, hint, code in etcd_option_problems(options)
-    )
+
+
+def _watchdog_off_warning(options: Mapping[str, Any], found: _Found) -> None:
+    """A task without the watchdog loses its lock when it runs longer than ``ttl``."""
+    get: Callable[[str], Any] = options.get
     if get("watchdog") is False:
-        bad(
+        found.bad(
             "watchdog",
             "watchdog=False: a task that runs longer than ttl loses its lock",
             "keep the watchdog on, or set ttl above the longest run",
             "W003",
             warning=True,
         )
+
+
+def _argument_problems(options: Mapping[str, Any], found: _Found) -> None:
+    """What names the task's arguments or keys: ``fencing``, ``key``, ``rate_key``,
+    ``key_prefix``."""
+    get: Callable[[str], Any] = options.get
     if "fencing" in options:
         fencing = get("fencing")
         if not isinstance(fencing, bool) and not (
             isinstance(fencing, str) and fencing.isidentifier()
         ):
-            bad(
+            found.bad(
                 "fencing",
                 f"fencing must be True, False or a keyword name, got {fencing!r}",
                 "",
@@ -309,28 +359,36 @@ def check_options(
         key = get(name)
         if key is not None and not callable(key):
             if isinstance(key, str) or not isinstance(key, Sequence):
-                bad(
+                found.bad(
                     name,
                     f"{name} must be None, a list of argument names or a callable, got {key!r}",
                     f"e.g. {name}=['account_id']",
                     "E005",
                 )
             elif not all(isinstance(k, str) and k for k in key):
-                bad(name, f"{name} must list argument names (strings), got {key!r}", "", "E005")
+                found.bad(
+                    name, f"{name} must list argument names (strings), got {key!r}", "", "E005"
+                )
     if "key_prefix" in options and (
         not isinstance(get("key_prefix"), str) or not get("key_prefix")
     ):
-        bad(
+        found.bad(
             "key_prefix",
             f"key_prefix must be a non-empty string, got {get('key_prefix')!r}",
             "",
             "E004",
         )
+
+
+def _connection_problems(options: Mapping[str, Any], found: _Found) -> None:
+    """``url`` and ``urls``: each URL part by part, and not both."""
+    get: Callable[[str], Any] = options.get
     for option, message, hint, code in url_problems(get("url"), get("urls")):
-        bad(option, message, hint, code)
+        found.bad(option, message, hint, code)
     if get("url") is not None and get("urls") is not None:
-        bad("url", "url and urls are both set", "set url for one Redis or urls for Redlock", "E007")
-    return problems
+        found.bad(
+            "url", "url and urls are both set", "set url for one Redis or urls for Redlock", "E007"
+        )
 
 
 #: Why ``rate`` is refused with ``urls`` (Redlock).
@@ -426,41 +484,6 @@ class TaskOptions:
         return self.fencing or None
 
 
-def _environment() -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    if os.environ.get("TASKLOCK_URL"):
-        found["url"] = os.environ["TASKLOCK_URL"]
-    if os.environ.get("TASKLOCK_URLS"):
-        found["urls"] = [u.strip() for u in os.environ["TASKLOCK_URLS"].split(",") if u.strip()]
-    if os.environ.get("TASKLOCK_KEY_PREFIX"):
-        found["key_prefix"] = os.environ["TASKLOCK_KEY_PREFIX"]
-    return found
-
-
-def _celery_conf(conf: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``tasklock_<option>`` keys of a Celery app.conf (Django: CELERY_TASKLOCK_<OPTION>)."""
-    if conf is None:
-        return {}
-    found: dict[str, Any] = {}
-    for name in OPTION_NAMES:
-        for key in (f"tasklock_{name}", f"TASKLOCK_{name.upper()}"):
-            value = conf.get(key)
-            if value is not None:
-                found[name] = value
-                break
-    return found
-
-
-def _django() -> dict[str, Any]:
-    # Only when the project already imported Django: tasklock never imports it itself here.
-    if "django.conf" not in sys.modules:
-        return {}
-    from tasklock.django.settings import read_tasklock_setting
-
-    settings: dict[str, Any] = read_tasklock_setting()
-    return settings
-
-
 def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     """Options that are fine in each layer but not together (a project's
     ``DEDUPE_ENQUEUE="until_start"`` and a task's ``on_duplicate="skip"``, a task's ``limit=3``
@@ -547,12 +570,14 @@ def resolve_options(
     sources: dict[str, str] = {}
     layers = (
         ("defaults", DEFAULTS),
-        ("environment", validate_options(_environment(), "environment", project_wide=True)),
+        ("environment", validate_options(environment(), "environment", project_wide=True)),
         (
             "Celery app.conf",
-            validate_options(_celery_conf(celery_conf), "Celery app.conf", project_wide=True),
+            validate_options(
+                celery_conf_options(celery_conf, OPTION_NAMES), "Celery app.conf", project_wide=True
+            ),
         ),
-        ("Django TASKLOCK", _django()),
+        ("Django TASKLOCK", django_setting()),
         ("task options", explicit),
     )
     for source, layer in layers:

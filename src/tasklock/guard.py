@@ -54,6 +54,7 @@ from tasklock.errors import (
 )
 from tasklock.pending import PendingMarkers
 from tasklock.rating import RateGate, Throttle
+from tasklock.settings_sources import on_settings_changed
 from tasklock.signature import CallKey
 
 __all__ = [
@@ -100,9 +101,13 @@ _guards: weakref.WeakSet[Guard] = weakref.WeakSet()
 
 
 def reset_all() -> None:
-    """Make every guard re-read its settings on next use (Django's setting_changed calls this)."""
+    """Make every guard re-read its settings on next use (project settings changed: Django's
+    ``setting_changed``, through :func:`tasklock.config.settings_changed`)."""
     for guard in list(_guards):
         guard.reset()
+
+
+on_settings_changed(reset_all)
 
 
 class Guard(PendingMarkers):

@@ -30,6 +30,7 @@ from django.test import override_settings
 from tasklock import backends, config, fleet
 from tasklock.errors import ConfigurationError, DuplicateTask
 from tasklock.guard import Guard
+from tasklock.settings_sources import django_setting
 from tests.django_project.settings import redis_settings
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
@@ -82,12 +83,12 @@ def run_guarded(guard: Guard, args: tuple[Any, ...], body: Any) -> Any:
 def test_import_tasklock_imports_no_django_and_unconfigured_django_reads_nothing() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TASKLOCK_"))}
     code = (
-        "import sys, tasklock, tasklock.config, tasklock.guard\n"
+        "import sys, tasklock, tasklock.config, tasklock.guard, tasklock.settings_sources\n"
         "loaded = sorted(m for m in sys.modules if 'django' in m)\n"
         "assert not loaded, loaded\n"
         "import django.conf\n"
         "assert not django.conf.settings.configured\n"
-        "print(tasklock.config._django())\n"
+        "print(tasklock.settings_sources.django_setting())\n"
         "print(sorted(set(tasklock.config.resolve_options({}).sources.values())))\n"
     )
     result = subprocess.run(
@@ -104,7 +105,7 @@ def test_absent_setting_reads_empty_and_checks_pass() -> None:
 
     assert not hasattr(settings, "TASKLOCK")
     assert read_tasklock_setting() == {}
-    assert config._django() == {}
+    assert django_setting() == {}
     assert tasklock_ids() == []
     assert "Django TASKLOCK" not in config.resolve_options({}).sources.values()
 

@@ -1,5 +1,5 @@
 """When a Celery call with ``countdown``/``eta`` is due, read off a frozen wall clock: the delay
-that :func:`tasklock._celery_config.seconds_until_due` adds to a pending marker's ``pending_ttl``.
+that :func:`tasklock.celery.options.seconds_until_due` adds to a pending marker's ``pending_ttl``.
 
 The clock is frozen (freezegun) at ``NOW``, half an hour before central Europe moves its clocks
 forward (2025-03-30 01:00 UTC), so every delay is exact, and the host's own time zone is set to
@@ -27,7 +27,7 @@ import pytest
 from celery import Celery
 from freezegun import freeze_time
 
-from tasklock._celery_config import seconds_until_due
+from tasklock.celery.options import seconds_until_due
 
 UTC = dt.UTC
 NOW = dt.datetime(2025, 3, 30, 0, 30, tzinfo=UTC)  # 01:30 in Berlin (CET, +01:00)

@@ -27,6 +27,7 @@ from django.core.signals import setting_changed
 
 from tasklock.config import OPTION_NAMES, Problem, check_options
 from tasklock.errors import ConfigurationError
+from tasklock.settings_sources import settings_changed, use_django_reader
 
 __all__ = [
     "SETTING",
@@ -188,11 +189,9 @@ def read_tasklock_setting() -> dict[str, Any]:
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == SETTING:
-        from tasklock.guard import reset_all
-
         with _warned_lock:
             _warned.clear()  # a new value deserves its warnings again
-        reset_all()
+        settings_changed()  # every task re-resolves its options (the guards listen there)
 
 
 _connected = False
@@ -208,3 +207,6 @@ def connect_signals() -> None:
     if not _connected:
         setting_changed.connect(_on_setting_changed, dispatch_uid="tasklock.django.settings")
         _connected = True
+
+
+use_django_reader(read_tasklock_setting)  # tasks read TASKLOCK through this module

@@ -78,10 +78,10 @@ from rq.job import Job, JobStatus, get_current_job
 from rq.scheduler import RQScheduler
 
 from tasklock import fleet
-from tasklock._rq_dependents import follow_twin
-from tasklock._rq_functions import check_job_function, rq_decorator_of
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateJob, RateLimited
 from tasklock.guard import Duplicate, Guard, Throttle
+from tasklock.rq.dependents import follow_twin
+from tasklock.rq.functions import check_job_function, rq_decorator_of
 
 __all__ = ["ENQUEUE_GRACE", "META_KEY", "SingletonJob", "SingletonJobFunction", "singleton_job"]
 
@@ -296,7 +296,7 @@ class SingletonJob:
         self, job: Job, dependents: list[str], holder: str | None
     ) -> tuple[str | None, str | None]:
         """Make ``dependents`` of this duplicate depend on the twin as well (see
-        :func:`tasklock._rq_dependents.follow_twin`)."""
+        :func:`tasklock.rq.dependents.follow_twin`)."""
         return follow_twin(self.name, job, dependents, holder)
 
     def _retry(self, job: Job, duplicate: Duplicate) -> Retry:

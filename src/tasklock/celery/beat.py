@@ -112,7 +112,7 @@ def _store(app: Any) -> tuple[Any, Any | None]:
             return options.url, None
         client = client_for_url(options.url)
         return client, client
-    from tasklock._celery_config import broker_client
+    from tasklock.celery.options import broker_client
 
     client = broker_client(app, None)
     return client, client

@@ -63,10 +63,9 @@ from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 from kombu.utils.uuid import uuid
 
 from tasklock import fleet
-from tasklock._celery_beat import LeaderScheduler
-from tasklock._celery_config import broker_client, near_miss, seconds_until_due, split_options
-from tasklock._celery_outcomes import requeue_when_down, skip_call
-from tasklock._celery_rates import defer_call
+from tasklock.celery.options import broker_client, near_miss, seconds_until_due, split_options
+from tasklock.celery.outcomes import requeue_when_down, skip_call
+from tasklock.celery.rates import defer_call
 from tasklock.config import OPTION_NAMES, validate_options
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateTask, RateLimited
 from tasklock.guard import Duplicate, Guard, Throttle
@@ -76,7 +75,7 @@ if TYPE_CHECKING:
     from celery.app.task import Context
     from celery.result import AsyncResult
 
-__all__ = ["DUPLICATE", "RATE_LIMITED", "LeaderScheduler", "SingletonTask", "singleton_task"]
+__all__ = ["DUPLICATE", "RATE_LIMITED", "SingletonTask", "singleton_task"]
 
 log = logging.getLogger("tasklock.celery")
 
@@ -312,28 +311,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
             on_retry: Callable[[Duplicate], Any] = _raise_duplicate
             on_rate: Callable[[Throttle], Any] = _skip_direct
         else:
-
-            def on_skip(duplicate: Duplicate) -> Any:
-                error = DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
-                self._tasklock_skip(request, DUPLICATE, duplicate.as_meta(), error)
-
-            def on_rate(throttle: Throttle) -> Any:
-                if throttle.policy == "retry":
-                    raise defer_call(self, request, throttle)
-                error = RateLimited(throttle.message(), throttle.key, throttle.retry_after)
-                self._tasklock_skip(request, RATE_LIMITED, throttle.as_meta(), error)
-
-            def on_retry(duplicate: Duplicate) -> Any:
-                error = DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
-                if guard.options.dedupe_enqueue == "until_start" and not request.is_eager:
-                    raise self._tasklock_retry_queued(request, duplicate, error)
-                # Celery retries like any other: they count against max_retries, which also
-                # shapes the delays (the last retry allowed waits up to a TTL).
-                countdown = guard.retry_delay(
-                    duplicate, attempt=request.retries or 0, max_retries=self.max_retries
-                )
-                raise self.retry(exc=error, countdown=countdown)
-
+            on_skip, on_retry, on_rate = self._tasklock_policies(request, guard)
         try:
             result = guard.run(
                 args,
@@ -365,6 +343,36 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         if not direct:
             guard.clear_pending(args, kwargs, request.id)
         return result
+
+    def _tasklock_policies(
+        self, request: Context, guard: Guard
+    ) -> tuple[Callable[[Duplicate], Any], Callable[[Duplicate], Any], Callable[[Throttle], Any]]:
+        """What a call run by a worker does when it is a duplicate (skip: a DUPLICATE state;
+        retry: Celery's retry, or a queued run's with until_start) or over its rate (re-sent for
+        its slot, or a RATE_LIMITED state). A direct call raises or skips instead."""
+
+        def on_skip(duplicate: Duplicate) -> Any:
+            error = DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
+            self._tasklock_skip(request, DUPLICATE, duplicate.as_meta(), error)
+
+        def on_rate(throttle: Throttle) -> Any:
+            if throttle.policy == "retry":
+                raise defer_call(self, request, throttle)
+            error = RateLimited(throttle.message(), throttle.key, throttle.retry_after)
+            self._tasklock_skip(request, RATE_LIMITED, throttle.as_meta(), error)
+
+        def on_retry(duplicate: Duplicate) -> Any:
+            error = DuplicateTask(duplicate.message(), duplicate.key, duplicate.holder)
+            if guard.options.dedupe_enqueue == "until_start" and not request.is_eager:
+                raise self._tasklock_retry_queued(request, duplicate, error)
+            # Celery retries like any other: they count against max_retries, which also shapes
+            # the delays (the last retry allowed waits up to a TTL).
+            countdown = guard.retry_delay(
+                duplicate, attempt=request.retries or 0, max_retries=self.max_retries
+            )
+            raise self.retry(exc=error, countdown=countdown)
+
+        return on_skip, on_retry, on_rate
 
     def _tasklock_retry_queued(
         self, request: Context, duplicate: Duplicate, error: DuplicateTask
