@@ -33,7 +33,8 @@ import random
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from tasklock import fleet, observe, stats
 from tasklock.backends import etcd_lock, is_etcd_url
@@ -50,10 +51,9 @@ from tasklock.errors import (
     ConfigurationError,
     DuplicateTaskError,
     LockError,
-    RateLimited,
 )
 from tasklock.pending import PendingMarkers
-from tasklock.rating import RateGate, Throttle
+from tasklock.rating import RateCall, RateGate, Throttle
 from tasklock.settings_sources import on_settings_changed
 from tasklock.signature import CallKey
 
@@ -81,10 +81,6 @@ _jitter = random.Random()
 # draw the same delays.
 os.register_at_fork(after_in_child=_jitter.seed)
 
-#: A run of ``dedupe_enqueue="until_start"`` that waits for the lock renews its marker at this
-#: fraction of ``pending_ttl`` (as the watchdog renews a lock at a third of its TTL).
-_PENDING_RENEW_FRACTION = 1 / 3
-
 
 def _held_by(lock: BaseLock, holder: Holder, task_id: str) -> bool:
     """Whether task ``task_id`` (an earlier attempt of this very call) holds ``lock``: the holder
@@ -95,6 +91,29 @@ def _held_by(lock: BaseLock, holder: Holder, task_id: str) -> bool:
     if holders is not None:
         return any(h.meta.get("task") == task_id for h, _ in holders())
     return False
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """One call's attempt at the execution lock: the call, and what the acquire found.
+
+    Made by :meth:`Guard.run` before the acquire step and filled in by it as it goes, so that
+    the handler of an exception raised in the middle of that step (an asynchronous one included)
+    still has the lock, to release a hold the acquire script may already have taken, and the
+    seconds spent waiting, for the acquire's scope.
+    """
+
+    key: str
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    task_id: str | None
+    until_start: bool
+    lock: BaseLock | None = None
+    acquired: bool = False
+    waited: bool = False
+    waited_for: float = 0.0
+    holder: Holder | None = None
+    holder_ttl: float | None = None
 
 
 _guards: weakref.WeakSet[Guard] = weakref.WeakSet()
@@ -265,6 +284,146 @@ class Guard(PendingMarkers):
         call, and a slot nearer than this many seconds is slept for instead; None: it cannot
         (direct and eager calls), and ``on_rate_limit="retry"`` sleeps until the slot.
 
+        The steps: :meth:`_acquire` takes the lock (or finds its holder, and waits when the
+        policy says so); then either :meth:`_apply_duplicate_policy`, or :meth:`_start_hold`
+        with the release in this method's ``finally``. ``dedupe_enqueue="until_start"``: see
+        :meth:`_start_hold` for where the pending marker is cleared, and why there.
+        """
+        args = tuple(args)
+        options = self.options
+        until_start = task_id is not None and options.dedupe_enqueue == "until_start"
+        if options.limit is None:
+            unlocked = RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near)
+            return self._run_unlocked(args, kwargs, body, unlocked, until_start)
+        # Only a task with a rate pays for one (the hot path of every other task is unchanged).
+        rated = options.rate is not None
+        gate = RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near) if rated else None
+        key = self.lock_key(args, kwargs)
+        scope = observe.acquiring(self.name, key)
+        attempt = _Attempt(key, args, kwargs, task_id, until_start)
+        try:
+            lock = self._acquire(attempt)
+        except BackendUnavailable as exc:
+            if options.on_backend_error != "run":
+                stats.increment("backend_error", self.name)
+                scope.done("backend_error", attempt.waited_for, None)
+                raise
+            stats.increment("ran_unlocked", self.name)
+            scope.done("ran_unlocked", attempt.waited_for, None)
+            log.warning(
+                "%s: running WITHOUT the lock because the lock store is unreachable "
+                "(on_backend_error='run'): %s",
+                self.name,
+                exc,
+            )
+            return self._hold(scope, body, self._fence_kwargs(None))
+        except BaseException:
+            # Raised asynchronously (RQ's job timeout, Celery's soft time limit, Ctrl-C), it can
+            # land after the acquire script succeeded: never leave that hold to the watchdog,
+            # which would renew it for as long as this process lives. (Hence the lock is kept
+            # on ``attempt`` as soon as it is made: the step may end anywhere.)
+            scope.done("interrupted", attempt.waited_for, None)
+            if attempt.lock is not None and attempt.lock.fence is not None:
+                self._release(attempt.lock)
+            raise
+        if not attempt.acquired:
+            return self._apply_duplicate_policy(
+                attempt, lock, scope, on_skip, on_retry, duplicate_error
+            )
+        # This try follows the acquire's handler with no call in between (a call is where an
+        # asynchronous exception can land), so every hold is released by one or the other.
+        try:
+            return self._start_hold(attempt, lock, scope, body, gate)
+        finally:
+            self._release(lock)
+
+    def _acquire(self, attempt: _Attempt) -> BaseLock:
+        """The execution lock for ``attempt``'s call, taken if it can be: at once, or after a
+        wait when the policy is ``"wait"`` or the holder is this call's own earlier attempt.
+        What is found is recorded on ``attempt`` as it is found (:class:`_Attempt` says why)."""
+        options = self.options
+        # In the caller's try: a cluster client connects when it is made, so an unreachable
+        # cluster is a backend error here too (on_backend_error applies).
+        lock = attempt.lock = self.lock_for(attempt.key, attempt.task_id)
+        attempt.acquired = lock.acquire(blocking=False)
+        for _ in range(_FREE_RETRIES):
+            if attempt.acquired:
+                break
+            attempt.holder, attempt.holder_ttl = lock.peek()
+            if attempt.holder is not None:
+                break
+            # Released between our attempt and the look: the lock is free, so this call is
+            # no duplicate. Try again rather than skip work while nothing runs.
+            attempt.acquired = lock.acquire(blocking=False)
+        if attempt.acquired:
+            return lock
+        task_id, holder = attempt.task_id, attempt.holder
+        if task_id and holder is not None and _held_by(lock, holder, task_id):
+            # Our own earlier attempt (Celery's self.retry sends the retry before the
+            # attempt's finally runs): it is releasing now, so wait for it.
+            attempt.acquired = lock.acquire(blocking=True, blocking_timeout=options.ttl)
+        elif options.on_duplicate == "wait":
+            attempt.waited = True
+            started = clock.monotonic()
+            try:
+                if attempt.until_start:
+                    attempt.acquired = self._wait_pending(
+                        lock, attempt.args, attempt.kwargs, cast(str, task_id)
+                    )
+                else:
+                    attempt.acquired = lock.acquire(
+                        blocking=True, blocking_timeout=options.wait_timeout
+                    )
+            finally:
+                attempt.waited_for = self._count_wait(started)
+        return lock
+
+    def _apply_duplicate_policy(
+        self,
+        attempt: _Attempt,
+        lock: BaseLock,
+        scope: observe.AcquireScope,
+        on_skip: Callable[[Duplicate], R],
+        on_retry: Callable[[Duplicate], R],
+        duplicate_error: type[DuplicateTaskError],
+    ) -> R:
+        """The lock was not taken: describe its holder (looked at again after a wait, or when
+        the first look found none) and apply ``on_duplicate`` (``on_wait_timeout`` after a
+        wait)."""
+        options = self.options
+        holder, holder_ttl = attempt.holder, attempt.holder_ttl
+        if attempt.waited or holder is None:
+            holder, holder_ttl = self._peek(lock)
+        duplicate = Duplicate(
+            self.name,
+            attempt.key,
+            holder.describe() if holder is not None else "unknown (released just now)",
+            holder_ttl,
+            attempt.waited,
+            cast(int, options.limit),  # set: run() took limit=None elsewhere
+        )
+        if attempt.until_start and self._policy(duplicate) == "retry":
+            # The retry is sent for up to a TTL later (duplicate_retry_delay's ceiling).
+            self.keep_pending(
+                attempt.args,
+                attempt.kwargs,
+                cast(str, attempt.task_id),
+                delay=max(options.ttl, RETRY_FIRST_DELAY),
+            )
+        scope.done(f"duplicate_{self._policy(duplicate)}", attempt.waited_for, None)
+        return self._duplicate(duplicate, on_skip, on_retry, duplicate_error)
+
+    def _start_hold(
+        self,
+        attempt: _Attempt,
+        lock: BaseLock,
+        scope: observe.AcquireScope,
+        body: Callable[[dict[str, Any]], R],
+        gate: RateCall[R] | None,
+    ) -> R:
+        """With the lock held (the caller releases it, whatever happens here): count the
+        acquire, let the rate limit admit the call, clear the pending marker, run the body.
+
         With ``dedupe_enqueue="until_start"`` (and a ``task_id``) the pending marker is cleared
         after the lock is taken and before the body begins, and the body begins only once it is
         cleared. That is the one point where the promise is exact:
@@ -278,105 +437,15 @@ class Guard(PendingMarkers):
         So a submission that finds the marker gets the handle of a run whose body begins after
         the submission; one that finds none queues the next run, which waits for this one.
         """
-        args = tuple(args)
-        options = self.options
-        until_start = task_id is not None and options.dedupe_enqueue == "until_start"
-        if options.limit is None:
-            unlocked = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near)
-            return self._run_unlocked(args, kwargs, body, unlocked, until_start)
-        # Only a task with a rate pays for one (the hot path of every other task is unchanged).
-        rated = options.rate is not None
-        gate = _RateCall(self, args, kwargs, task_id, on_rate_limit, rate_near) if rated else None
-        key = self.lock_key(args, kwargs)
-        scope = observe.acquiring(self.name, key)
-        waited_for = 0.0
-        lock: BaseLock | None = None
-        try:
-            # Inside the try: a cluster client connects when it is made, so an unreachable
-            # cluster is a backend error here too (on_backend_error applies).
-            lock = self.lock_for(key, task_id)
-            acquired = lock.acquire(blocking=False)
-            waited = False
-            holder: Holder | None = None
-            holder_ttl: float | None = None
-            for _ in range(_FREE_RETRIES):
-                if acquired:
-                    break
-                holder, holder_ttl = lock.peek()
-                if holder is not None:
-                    break
-                # Released between our attempt and the look: the lock is free, so this call is
-                # no duplicate. Try again rather than skip work while nothing runs.
-                acquired = lock.acquire(blocking=False)
-            if not acquired:
-                if task_id and holder is not None and _held_by(lock, holder, task_id):
-                    # Our own earlier attempt (Celery's self.retry sends the retry before the
-                    # attempt's finally runs): it is releasing now, so wait for it.
-                    acquired = lock.acquire(blocking=True, blocking_timeout=options.ttl)
-                elif options.on_duplicate == "wait":
-                    waited = True
-                    started = clock.monotonic()
-                    try:
-                        if until_start:
-                            acquired = self._wait_pending(lock, args, kwargs, cast(str, task_id))
-                        else:
-                            acquired = lock.acquire(
-                                blocking=True, blocking_timeout=options.wait_timeout
-                            )
-                    finally:
-                        waited_for = self._count_wait(started)
-        except BackendUnavailable as exc:
-            if options.on_backend_error != "run":
-                stats.increment("backend_error", self.name)
-                scope.done("backend_error", waited_for, None)
-                raise
-            stats.increment("ran_unlocked", self.name)
-            scope.done("ran_unlocked", waited_for, None)
-            log.warning(
-                "%s: running WITHOUT the lock because the lock store is unreachable "
-                "(on_backend_error='run'): %s",
-                self.name,
-                exc,
-            )
-            return self._hold(scope, body, self._fence_kwargs(None))
-        except BaseException:
-            # Raised asynchronously (RQ's job timeout, Celery's soft time limit, Ctrl-C), it can
-            # land after the acquire script succeeded: never leave that hold to the watchdog,
-            # which would renew it for as long as this process lives.
-            scope.done("interrupted", waited_for, None)
-            if lock is not None and lock.fence is not None:
-                self._release(lock)
-            raise
-        if not acquired:
-            if waited or holder is None:
-                holder, holder_ttl = self._peek(lock)
-            duplicate = Duplicate(
-                self.name,
-                key,
-                holder.describe() if holder is not None else "unknown (released just now)",
-                holder_ttl,
-                waited,
-                options.limit,
-            )
-            if until_start and self._policy(duplicate) == "retry":
-                # The retry is sent for up to a TTL later (duplicate_retry_delay's ceiling).
-                self.keep_pending(
-                    args, kwargs, cast(str, task_id), delay=max(options.ttl, RETRY_FIRST_DELAY)
-                )
-            scope.done(f"duplicate_{self._policy(duplicate)}", waited_for, None)
-            return self._duplicate(duplicate, on_skip, on_retry, duplicate_error)
-        try:
-            stats.increment("acquired", self.name)
-            scope.done("acquired", waited_for, lock.fence)
-            if gate is not None:
-                throttle = gate.throttle()
-                if throttle is not None:
-                    return gate.defer(throttle)
-            if until_start:
-                self._clear_at_start(args, kwargs, cast(str, task_id))
-            return self._hold(scope, body, self._fence_kwargs(lock.fence))
-        finally:
-            self._release(lock)
+        stats.increment("acquired", self.name)
+        scope.done("acquired", attempt.waited_for, lock.fence)
+        if gate is not None:
+            throttle = gate.throttle()
+            if throttle is not None:
+                return gate.defer(throttle)
+        if attempt.until_start:
+            self._clear_at_start(attempt.args, attempt.kwargs, cast(str, attempt.task_id))
+        return self._hold(scope, body, self._fence_kwargs(lock.fence))
 
     def _hold(
         self,
@@ -407,7 +476,7 @@ class Guard(PendingMarkers):
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
         body: Callable[[dict[str, Any]], R],
-        gate: _RateCall[R],
+        gate: RateCall[R],
         until_start: bool,
     ) -> R:
         """``limit=None``: no execution lock, only the rate limit (and the enqueue marker)."""
@@ -468,25 +537,6 @@ class Guard(PendingMarkers):
             )
             return None
 
-    def _wait_pending(
-        self, lock: BaseLock, args: tuple[Any, ...], kwargs: Mapping[str, Any], task_id: str
-    ) -> bool:
-        """``on_duplicate="wait"`` for a queued run of ``dedupe_enqueue="until_start"``: wait up
-        to ``wait_timeout`` (None: as long as it takes), renewing the marker every third of
-        ``pending_ttl`` so that it outlives a long run ahead of this one."""
-        options = self.options
-        renew = options.pending_ttl * _PENDING_RENEW_FRACTION
-        timeout = options.wait_timeout
-        deadline = None if timeout is None else clock.monotonic() + timeout
-        while True:
-            left = None if deadline is None else max(0.0, deadline - clock.monotonic())
-            step = renew if left is None else min(renew, left)
-            if lock.acquire(blocking=True, blocking_timeout=step):
-                return True
-            if left is not None and left <= renew:
-                return False
-            self.keep_pending(args, kwargs, task_id)
-
     def _fence_kwargs(self, fence: int | None) -> dict[str, Any]:
         return {self.fence_keyword: fence} if self.fence_keyword else {}
 
@@ -545,42 +595,3 @@ class Guard(PendingMarkers):
             rng=_jitter,
             max_retries=max_retries,
         )
-
-
-class _RateCall(Generic[R]):
-    """One call's way through the rate limit: ask the gate, and hand a throttled call to the
-    adapter (keeping the pending marker of a deferred "until_start" run, which has not started)."""
-
-    __slots__ = ("args", "guard", "kwargs", "near", "on_rate_limit", "task_id")
-
-    def __init__(
-        self,
-        guard: Guard,
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        task_id: str | None,
-        on_rate_limit: Callable[[Throttle], R] | None,
-        near: float | None,
-    ) -> None:
-        self.guard = guard
-        self.args = args
-        self.kwargs = kwargs
-        self.task_id = task_id
-        self.on_rate_limit = on_rate_limit
-        # Without a way to re-send, "retry" sleeps until the slot.
-        self.near = near if on_rate_limit is not None else None
-
-    def throttle(self) -> Throttle | None:
-        return self.guard.admit_rate(self.args, self.kwargs, self.task_id, self.near)
-
-    def defer(self, throttle: Throttle) -> R:
-        guard = self.guard
-        if (
-            throttle.policy == "retry"
-            and self.task_id is not None
-            and guard.options.dedupe_enqueue == "until_start"
-        ):
-            guard.keep_pending(self.args, self.kwargs, self.task_id, delay=throttle.retry_after)
-        if self.on_rate_limit is None:
-            raise RateLimited(throttle.message(), throttle.key, throttle.retry_after)
-        return self.on_rate_limit(throttle)

@@ -16,6 +16,8 @@ from typing import Any
 from tasklock import fleet, stats
 from tasklock.backends import MarkerStore, RedisMarkers, etcd_markers, is_etcd_url
 from tasklock.config import TaskOptions
+from tasklock.core.base import BaseLock
+from tasklock.core.clock import clock
 from tasklock.core.connection import client_for_url
 from tasklock.errors import BackendUnavailable, LockError
 
@@ -25,6 +27,10 @@ log = logging.getLogger("tasklock")
 
 #: Claims of one pending marker before giving up when every twin it names turns out stale.
 _CLAIM_ATTEMPTS = 5
+
+#: A run of ``dedupe_enqueue="until_start"`` that waits for the lock renews its marker at this
+#: fraction of ``pending_ttl`` (as the watchdog renews a lock at a third of its TTL).
+_PENDING_RENEW_FRACTION = 1 / 3
 
 
 class PendingMarkers:
@@ -204,3 +210,23 @@ class PendingMarkers:
             self._markers().delete_if(key, task_id, f"clearing the pending marker of {self.name}")
         except Exception as exc:
             log.warning("%s: could not clear pending marker (expires by TTL): %s", self.name, exc)
+
+    def _wait_pending(
+        self, lock: BaseLock, args: tuple[Any, ...], kwargs: Mapping[str, Any], task_id: str
+    ) -> bool:
+        """``on_duplicate="wait"`` for a queued run of ``dedupe_enqueue="until_start"``: wait up
+        to ``wait_timeout`` (None: as long as it takes), renewing the marker every third of
+        ``pending_ttl`` so that it outlives a long run ahead of this one. Here, not in the guard,
+        because the waiting is the marker's renewal; it fails like the acquire it is made of."""
+        options = self.options
+        renew = options.pending_ttl * _PENDING_RENEW_FRACTION
+        timeout = options.wait_timeout
+        deadline = None if timeout is None else clock.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - clock.monotonic())
+            step = renew if left is None else min(renew, left)
+            if lock.acquire(blocking=True, blocking_timeout=step):
+                return True
+            if left is not None and left <= renew:
+                return False
+            self.keep_pending(args, kwargs, task_id)

@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from tasklock import stats
 from tasklock.config import TaskOptions
@@ -41,9 +41,11 @@ from tasklock.core.rates import Admission, RatePlan
 from tasklock.errors import RateLimited
 from tasklock.signature import CallKey
 
-__all__ = ["EARLY", "KEEP", "RateGate", "Throttle"]
+__all__ = ["EARLY", "KEEP", "RateCall", "RateGate", "RatedTask", "Throttle"]
 
 log = logging.getLogger("tasklock")
+
+R = TypeVar("R")
 
 #: How long a deferred call that comes back before its slot sleeps the rest in the worker; further
 #: away it is deferred again. Covers clocks of hosts that differ (Celery's countdown becomes an
@@ -202,3 +204,61 @@ class RateGate:
             key=key,
             retry_after=admission.retry_after,
         )
+
+
+class RatedTask(Protocol):
+    """What a :class:`RateCall` needs of its task's guard (:class:`tasklock.guard.Guard`)."""
+
+    @property
+    def options(self) -> TaskOptions: ...
+
+    def admit_rate(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        task_id: str | None,
+        near: float | None,
+    ) -> Throttle | None: ...
+
+    def keep_pending(
+        self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str, *, delay: float = 0.0
+    ) -> bool: ...
+
+
+class RateCall(Generic[R]):
+    """One call's way through the rate limit: ask the gate, and hand a throttled call to the
+    adapter (keeping the pending marker of a deferred "until_start" run, which has not started)."""
+
+    __slots__ = ("args", "guard", "kwargs", "near", "on_rate_limit", "task_id")
+
+    def __init__(
+        self,
+        guard: RatedTask,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        task_id: str | None,
+        on_rate_limit: Callable[[Throttle], R] | None,
+        near: float | None,
+    ) -> None:
+        self.guard = guard
+        self.args = args
+        self.kwargs = kwargs
+        self.task_id = task_id
+        self.on_rate_limit = on_rate_limit
+        # Without a way to re-send, "retry" sleeps until the slot.
+        self.near = near if on_rate_limit is not None else None
+
+    def throttle(self) -> Throttle | None:
+        return self.guard.admit_rate(self.args, self.kwargs, self.task_id, self.near)
+
+    def defer(self, throttle: Throttle) -> R:
+        guard = self.guard
+        if (
+            throttle.policy == "retry"
+            and self.task_id is not None
+            and guard.options.dedupe_enqueue == "until_start"
+        ):
+            guard.keep_pending(self.args, self.kwargs, self.task_id, delay=throttle.retry_after)
+        if self.on_rate_limit is None:
+            raise RateLimited(throttle.message(), throttle.key, throttle.retry_after)
+        return self.on_rate_limit(throttle)

@@ -12,13 +12,13 @@ import sys
 
 CHILD = """
 import gc
-from tasklock.demo.runner import _signals_interrupt
+from tasklock.demo.signals import signals_interrupt
 
 class RaisesWhenCollected:
     def __del__(self):
         raise {error}
 
-with _signals_interrupt():
+with signals_interrupt():
     RaisesWhenCollected()
     gc.collect()
 """

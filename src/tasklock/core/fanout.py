@@ -12,28 +12,18 @@ is the lock's cost. Measured on the 2-core CI machine with 5 local servers:
 So the hot path runs in the calling thread and uses no thread at all: take one idle, connected
 redis-py connection per node, write every command, then poll all the sockets until the caller's
 outcome is decided or the per-node deadline passes. Threads are used only where redis-py can only
-block:
+block: connecting, which each server's :class:`~tasklock.core.node.Node` does on worker threads
+(see :mod:`tasklock.core.node`), and the replies still outstanding when the caller leaves (the
+outcome was decided early, or the deadline passed), which are handed to the reaper thread
+(:mod:`tasklock.core.reaper`). It reads and discards them and returns the connection to the
+stock, or closes it after :data:`REAP_AFTER` seconds. Before that the caller may queue a follow-up
+command on the same connection (Redlock queues its release behind a SET that got no answer):
+Redis runs one connection's commands in order, so the release can never overtake the SET, even
+when the server only wakes up later.
 
-* Connecting (TCP plus redis-py's handshake: HELLO/AUTH/SELECT/CLIENT SETINFO) runs on a small
-  pool of daemon worker threads, reused across calls; the caller waits for it no longer than its
-  deadline. A worker only connects, it never sends a command, so a connection that comes up late
-  can never deliver a stale command. A node whose last call failed gets one connect attempt at a
-  time, so a paused server pins at most one worker whatever the call rate, and the pool cannot be
-  starved by stuck connects.
-* Replies still outstanding when the caller leaves (the outcome was decided early, or the deadline
-  passed) are handed to the reaper thread, which reads and discards them and returns the
-  connection to the stock, or closes it after :data:`REAP_AFTER` seconds. Before that the caller
-  may queue a follow-up command on the same connection (Redlock queues its release behind a SET
-  that got no answer): Redis runs one connection's commands in order, so the release can never
-  overtake the SET, even when the server only wakes up later.
-
-Connections are made from each client's own connection class and settings (host, password, TLS,
-database...), but owned here, outside the client's pool, and kept in a small stock per server. They
-connect with redis-py's own retries turned off: a caller that gets no verdict retries by itself,
-and redis-py 8's default (10 retries with backoff up to 1 s) would keep a restarted server unusable
-for seconds. A stocked connection whose socket became readable (the server closed it or restarted)
-is dropped before use. Everything is fork-safe: a child starts with no stock, no workers and no
-reaper.
+Dependencies go one way: this module uses the node and the reaper; the reaper uses the node;
+the node uses neither. :class:`Node` and :func:`node_for` are re-exported from here, where the
+Redlocks and the benchmarks import them.
 
 This uses redis-py's connection-level API (``send_packed_command``, ``read_response``,
 ``can_read``, ``disconnect``) plus the connection's socket for polling; those have been stable
@@ -43,21 +33,14 @@ since redis-py 4.
 from __future__ import annotations
 
 import collections
-import contextlib
-import logging
-import os
-import threading
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, ResponseError
-from redis.retry import Retry
 
 from tasklock.core import clock as _clock
-from tasklock.core.connection import describe_client
+from tasklock.core.node import Node, node_for
 from tasklock.core.ops import (
     PENDING,
     REAP_AFTER,
@@ -72,11 +55,9 @@ from tasklock.core.reaper import reaper
 from tasklock.core.sockets import (
     Poller,
     Waker,
-    readable_now,
     run_in_background,
     socket_of,
     stale_connections,
-    workers,
 )
 
 __all__ = [
@@ -87,215 +68,23 @@ __all__ = [
     "NotAwaited",
     "Op",
     "Round",
+    "TimedNode",
     "fan_out",
     "node_for",
     "run_in_background",
     "script_op",
+    "timed",
 ]
 
-log = logging.getLogger("tasklock.fanout")
 
-#: Idle connections kept per server (more are closed).
-MAX_IDLE = 16
-#: Connects in flight at once to a server that answers; a failing one gets a single one.
-MAX_CONNECTING = 4
-#: Deferred releases kept per server, at most (the oldest are dropped: their keys expire).
-MAX_DEFERRED = 10_000
-#: How soon deferred commands are sent again to a server that was away when they were last
-#: tried, doubling up to the second figure while it stays away (see :meth:`Node._drain`).
-DEFER_RETRY_FIRST, DEFER_RETRY_MAX = 0.25, 4.0
-
-
-# -- one server ---------------------------------------------------------------------------------
-class Node:
-    """One Redis server as the fan-out sees it: a stock of connected connections, health, label.
-
-    One per client object in a process (see :func:`node_for`), shared by every lock over it, so
-    the watchdog can batch all of a server's renewals into one round trip.
-    """
-
-    def __init__(self, client: Any) -> None:
-        pool = client.connection_pool
-        self._connection_class = pool.connection_class
-        self._connection_kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
-        self.label = describe_client(client)
-        self._idle: list[Any] = []
-        self._lock = threading.Lock()
-        self._connects: list[Future[Any]] = []
-        #: Monotonic time of the first failure in the current run of failures, or None.
-        self.failing_since: float | None = None
-        self._deferred: list[Op] = []
-        self._draining = False
-        self._retry_in = 0.0  # the pause before the next try of a server that was away
-        self._listeners: set[Waker] = set()  # calls waiting for a connection to this server
-        self._views: dict[float, TimedNode] = {}
-        _every_node.add(self)
-
-    def __repr__(self) -> str:
-        return f"<Node {self.label}>"
-
-    def _forget_after_fork(self) -> None:
-        # Locks made before the fork keep their Node objects; the sockets stay the parent's.
-        self._lock = threading.Lock()
-        self._idle = []
-        self._connects = []
-        self._deferred = []
-        self._draining = False
-        self._retry_in = 0.0
-        self._listeners = set()
-        self.failing_since = None
-
-    # connections
-    def take(self, checked: bool = True) -> Any | None:
-        """An idle, connected connection, or None (then call :meth:`connecting`).
-
-        ``checked``: drop connections whose socket turned readable while idle (the server
-        closed them: restarted, killed, timeout). A caller taking several connections passes
-        False and checks them all with one ``select`` (see :func:`_stale`).
-        """
-        if self._deferred and not self._draining:
-            self._drain_soon()
-        while True:
-            with self._lock:
-                if not self._idle:
-                    return None
-                conn = self._idle.pop()
-            sock = socket_of(conn)
-            if sock is not None and not (checked and readable_now(sock)):
-                return conn
-            self.discard(conn)
-
-    def defer(self, op: Op) -> None:
-        """Send ``op`` to this server later: for an owner-checked release that could not be
-        written because the server had no connection (paused, restarting). Only commands that
-        are harmless however late belong here; a SET never does."""
-        with self._lock:
-            self._deferred.append(op)
-            del self._deferred[:-MAX_DEFERRED]
-        self._drain_soon()
-
-    def _drain_soon(self) -> None:
-        """Start the background job that sends the deferred commands (one per server)."""
-        with self._lock:
-            if self._draining or not self._deferred:
-                return
-            self._draining = True
-        workers().submit(self._drain)
-
-    def _drain(self) -> None:
-        """Send the deferred commands on a connection of its own (never one a caller waits
-        for) and read their answers. If the server is still away (or too slow to answer in
-        its socket timeout), they stay queued and are tried again after a pause, doubling up to
-        DEFER_RETRY_MAX, and at the next call to this server (see :meth:`take`). Waiting for a
-        next call only, a release deferred by the last call a process made to a server stayed
-        there until the key's TTL: nothing else would ever call it."""
-        away = False
-        try:
-            while True:
-                with self._lock:
-                    ops, self._deferred = self._deferred, []
-                if not ops:
-                    return
-                conn = self._connection_class(**self._connection_kwargs)
-                try:
-                    conn.connect()
-                    conn.send_packed_command(
-                        conn.pack_commands([op.self_contained() for op in ops]),
-                        check_health=False,
-                    )
-                    for _ in ops:
-                        with contextlib.suppress(ResponseError):
-                            conn.read_response()
-                except Exception:
-                    with self._lock:
-                        self._deferred[:0] = ops
-                        del self._deferred[:-MAX_DEFERRED]
-                    away = True
-                    return
-                finally:
-                    self.discard(conn)
-        finally:
-            with self._lock:
-                self._draining = False
-                self._retry_in = min(DEFER_RETRY_MAX, self._retry_in * 2 or DEFER_RETRY_FIRST)
-                if not away:
-                    self._retry_in = 0.0
-                pause = self._retry_in
-            if away:
-                retry = threading.Timer(pause, self._drain_soon)
-                retry.daemon = True
-                retry.start()
-            elif self._deferred:  # queued just as this job found nothing left
-                self._drain_soon()
-
-    def put(self, conn: Any) -> None:
-        """Return a connection with no reply outstanding (waking calls that wait for one)."""
-        if socket_of(conn) is not None:
-            with self._lock:
-                if len(self._idle) < MAX_IDLE:
-                    self._idle.append(conn)
-                    listeners = list(self._listeners)
-                    conn = None
-            if conn is None:
-                for waker in listeners:
-                    waker.wake()
-                return
-        self.discard(conn)
-
-    def listen(self, waker: Waker) -> None:
-        """Wake ``waker`` whenever a connection to this server becomes idle."""
-        with self._lock:
-            self._listeners.add(waker)
-
-    def unlisten(self, waker: Waker) -> None:
-        with self._lock:
-            self._listeners.discard(waker)
-
-    @staticmethod
-    def discard(conn: Any) -> None:
-        """Close a connection that cannot be reused (dead, or a reply is still outstanding)."""
-        with contextlib.suppress(Exception):
-            conn.disconnect()
-
-    def connecting(self) -> Future[Any]:
-        """A background connect that stocks a new connection when done (or one already running)."""
-        with self._lock:
-            self._connects = [f for f in self._connects if not f.done()]
-            limit = 1 if self.failing_since is not None else MAX_CONNECTING
-            if len(self._connects) >= limit:
-                return self._connects[0]
-            future = workers().submit(self._connect)
-            self._connects.append(future)
-            return future
-
-    def _connect(self) -> None:
-        conn = self._connection_class(**self._connection_kwargs)
-        try:
-            conn.connect()
-        except BaseException:
-            self.discard(conn)
-            self.mark_failed()
-            raise
-        self.mark_ok()
-        self.put(conn)
-        if self._deferred:
-            self._drain_soon()
-
-    # health
-    def mark_ok(self) -> None:
-        self.failing_since = None
-
-    def mark_failed(self) -> None:
-        if self.failing_since is None:
-            self.failing_since = _clock.clock.monotonic()
-
-    def timed(self, timeout: float) -> TimedNode:
-        """This server with a deadline per call, shaped like a redis-py client (for the
-        watchdog: ``pipeline()`` and ``execute_command``). Cached, so calls batch per server."""
-        view = self._views.get(timeout)
-        if view is None:
-            view = self._views.setdefault(timeout, TimedNode(self, timeout))
-        return view
+# -- one server with a deadline, shaped like a client -------------------------------------------
+def timed(node: Node, timeout: float) -> TimedNode:
+    """``node`` with a deadline per call, shaped like a redis-py client (for the watchdog:
+    ``pipeline()`` and ``execute_command``). Cached on the node, so calls batch per server."""
+    view: TimedNode | None = node.views.get(timeout)
+    if view is None:
+        view = node.views.setdefault(timeout, TimedNode(node, timeout))
+    return view
 
 
 class TimedNode:
@@ -729,30 +518,3 @@ def fan_out(
     call = _Call(slots, timeout, decided, connect_timeout)
     call.run()
     return Round(call)
-
-
-# -- process-wide state (fork-safe) -------------------------------------------------------------
-_state_lock = threading.Lock()
-_nodes: weakref.WeakKeyDictionary[Any, Node] = weakref.WeakKeyDictionary()
-_every_node: weakref.WeakSet[Node] = weakref.WeakSet()
-
-
-def node_for(client: Any) -> Node:
-    """The process's :class:`Node` for a redis-py client (one per client object)."""
-    with _state_lock:
-        node = _nodes.get(client)
-        if node is None:
-            node = _nodes[client] = Node(client)
-        return node
-
-
-def _reset_after_fork() -> None:
-    # Dropped, not closed: the sockets belong to the parent, which keeps using them.
-    global _state_lock, _nodes
-    _state_lock = threading.Lock()
-    _nodes = weakref.WeakKeyDictionary()
-    for node in list(_every_node):
-        node._forget_after_fork()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)

