@@ -175,7 +175,11 @@ def main() -> None:
     from tests.support.servers import start_servers
 
     with start_servers(1) as (server,):
-        env = {**os.environ, "BENCH_REDIS_URL": server.url, "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "BENCH_REDIS_URL": server.url,
+            "PYTHONPATH": _python_path(),
+        }
         app.conf.update(
             broker_url=server.url, result_backend=server.url, singleton_backend_url=server.url
         )
@@ -235,3 +239,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _python_path() -> str:
+    """The worker's PYTHONPATH: this checkout first (the app module lives in it), then the
+    caller's (another source tree of tasklock to compare, or packages installed to the side)."""
+    return os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))

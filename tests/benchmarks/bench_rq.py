@@ -87,7 +87,10 @@ def drain_in_process(queue: Queue, ids: list[str]) -> float:
 
 
 def drain_forking(queue: Queue, ids: list[str], url: str) -> float:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": _python_path(),
+    }
     rq_cli = str(Path(sys.executable).with_name("rq"))
     subprocess.run(
         [rq_cli, "worker", "--burst", "--url", url, "--logging_level", "WARNING", QUEUE],
@@ -214,3 +217,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 if __name__ == "__main__":
     main()
+
+
+def _python_path() -> str:
+    """The worker's PYTHONPATH: this checkout first (the app module lives in it), then the
+    caller's (another source tree of tasklock to compare, or packages installed to the side)."""
+    return os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
