@@ -40,6 +40,14 @@ from tasklock.celery import singleton_task
 from tasklock.core.connection import client_for_url
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python_path() -> str:
+    """The worker's PYTHONPATH: this checkout first (the app module lives in it), then the
+    caller's (another source tree of tasklock to compare, or packages installed to the side)."""
+    return os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+
+
 URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:1/0")
 
 app = Celery("bench_celery", broker=URL, backend=URL, set_as_current=False)
@@ -239,9 +247,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _python_path() -> str:
-    """The worker's PYTHONPATH: this checkout first (the app module lives in it), then the
-    caller's (another source tree of tasklock to compare, or packages installed to the side)."""
-    return os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))

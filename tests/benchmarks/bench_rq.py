@@ -36,6 +36,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python_path() -> str:
+    """The worker's PYTHONPATH: this checkout first (the app module lives in it), then the
+    caller's (another source tree of tasklock to compare, or packages installed to the side)."""
+    return os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+
+
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -217,9 +225,3 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 if __name__ == "__main__":
     main()
-
-
-def _python_path() -> str:
-    """The worker's PYTHONPATH: this checkout first (the app module lives in it), then the
-    caller's (another source tree of tasklock to compare, or packages installed to the side)."""
-    return os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
