@@ -2,11 +2,13 @@
 
 (a) Lock cycle (acquire + release, uncontended, one name) on a ``redis.asyncio`` client, against
     the floor of two bare round trips (``SET NX PX`` then ``DEL``): tasklock.asyncio.Lock with an
-    explicit timeout (watchdog off) and by default (30 s TTL, watchdog on), redis-py's asyncio
-    Lock, and pottery's AIORedlock with one master. Rounds interleave the variants so that machine
+    explicit timeout (watchdog off), by default (30 s TTL, watchdog on) and made anew per cycle
+    (``async with Lock(r, name):``), redis-py's asyncio Lock, and pottery's AIORedlock with one
+    master. Rounds interleave the variants so that machine
     noise hits them all alike; reported are the median and best microseconds per cycle, the CPU
-    microseconds per cycle in this process, and ratios. Targets: tasklock <= 1.1x the floor, and
-    faster than redis-py's asyncio Lock and than AIORedlock.
+    microseconds per cycle in this process, and ratios. Targets: tasklock <= 1.1x the floor
+    (reused and made per cycle), a new object per cycle <= 1.05x a reused one, and faster than
+    redis-py's asyncio Lock and than AIORedlock.
 (b) Hand-off latency: a waiter task (same event loop, a client of its own) blocked in
     ``await lock.acquire()``; time from just before the holder's ``release()`` to the waiter's
     ``acquire()`` returning, p50/p95 for tasklock (woken by the release's PUBLISH), redis-py's
@@ -76,6 +78,7 @@ EXPLICIT = "tasklock.asyncio.Lock(timeout=10)"
 DEFAULT = "tasklock.asyncio.Lock() watchdog"
 REDIS_PY = "redis.asyncio Lock(timeout=10)"
 POTTERY = "pottery AIORedlock, 1 master"
+FRESH = "tasklock.asyncio.Lock(timeout=10) per cycle"
 RL_FLOOR = "floor: SET NX PX + DEL, 1 node"
 RL_EXPLICIT = "tasklock.asyncio.Redlock(timeout=10)"
 RL_DEFAULT = "tasklock.asyncio.Redlock() watchdog"
@@ -97,6 +100,16 @@ def lock_cycle(lock: Any) -> AsyncRun:
     async def run() -> None:
         assert await acquire()
         await release()
+
+    return run
+
+
+def fresh_cycle(make: Callable[[], Any]) -> AsyncRun:
+    """A lock object made, acquired and released per cycle, as ``async with make():`` does."""
+
+    async def run() -> None:
+        async with make():
+            pass
 
     return run
 
@@ -147,6 +160,7 @@ def cycle_variants(r: aioredis.Redis) -> dict[str, AsyncRun]:
     if AsyncLock is not None:
         variants[EXPLICIT] = lock_cycle(AsyncLock(r, "bench:explicit", timeout=TTL))
         variants[DEFAULT] = lock_cycle(AsyncLock(r, "bench:default"))
+        variants[FRESH] = fresh_cycle(lambda: AsyncLock(r, "bench:fresh", timeout=TTL))
     variants[REDIS_PY] = lock_cycle(r.lock("bench:redis-py", timeout=TTL))
     pottery = AIORedlock(key="bench:pottery", masters={r}, auto_release_time=TTL)
     variants[POTTERY] = lock_cycle(pottery)
@@ -348,6 +362,12 @@ async def run(args: argparse.Namespace, ports: list[int]) -> tuple[dict[str, Any
             checks["cycle (timeout=10) <= 1.1x floor"] = ours / cycle[FLOOR]["median"] <= 1.1
             checks["cycle (default, watchdog) <= 1.1x floor"] = (
                 cycle[DEFAULT]["median"] / cycle[FLOOR]["median"] <= 1.1
+            )
+            checks["cycle, a new Lock per cycle, <= 1.1x floor"] = (
+                cycle[FRESH]["median"] / cycle[FLOOR]["median"] <= 1.1
+            )
+            checks["a new Lock per cycle <= 1.05x a reused one"] = (
+                cycle[FRESH]["median"] / ours <= 1.05
             )
             checks["faster than redis.asyncio Lock"] = slowest < cycle[REDIS_PY]["median"]
             checks["faster than AIORedlock (1 master)"] = slowest < cycle[POTTERY]["median"]

@@ -13,8 +13,10 @@
     Rounds interleave the variants so that machine noise hits them all alike; reported are the
     median and best microseconds per cycle, the CPU microseconds per cycle in this process, their
     ratios, and the paired ratios (the median over rounds of a variant's time / the floor's in the
-    same round: steadier here, where the machine's speed moves for seconds at a time). Target:
-    tasklock.Semaphore <= 1.2x the floor (paired).
+    same round: steadier here, where the machine's speed moves for seconds at a time). A new
+    tasklock.Semaphore made per cycle (``with Semaphore(...):``) is timed beside the reused one.
+    Targets: tasklock.Semaphore <= 1.2x the floor (paired), and a new object per cycle <= 1.05x
+    a reused one.
 (b) Contended, briefly: 8 threads, each with a semaphore object of its own, share 5 permits;
     each holds its permit for 2 ms (a sleep). Reported: holds per second, against the ideal of
     5 / 2 ms, and the most holders seen at once in this process (never more than 5). tasklock
@@ -50,6 +52,7 @@ import redis  # noqa: E402
 import tasklock  # noqa: E402
 from tests.benchmarks.interleave import (  # noqa: E402
     floor_cycle,
+    fresh_cycle,
     lock_cycle,
     measure,
     paired_ratio,
@@ -64,6 +67,7 @@ EXPLICIT = "tasklock.Semaphore(timeout=30)"
 DEFAULT = "tasklock.Semaphore() watchdog"
 BUSY = "tasklock.Semaphore(timeout=30), 4/5 held"
 LOCK = "tasklock.Lock(timeout=30) (reference)"
+FRESH = "tasklock.Semaphore(timeout=30) per cycle"
 PRS = "py-redis-semaphore (heartbeat thread)"
 CL = "concurrency-limit limit()"
 RSE = "redis-semaphore-eval"
@@ -176,6 +180,7 @@ def cycle_variants(r: redis.Redis) -> Iterator[dict[str, Callable[[], None]]]:
         DEFAULT: lock_cycle(tasklock.Semaphore(r, "bench:sem:default", LIMIT)),
         BUSY: lock_cycle(tasklock.Semaphore(r, "bench:sem:busy", LIMIT, timeout=TTL)),
         LOCK: lock_cycle(tasklock.Lock(r, "bench:lock", timeout=TTL)),
+        FRESH: fresh_cycle(lambda: tasklock.Semaphore(r, "bench:sem:fresh", LIMIT, timeout=TTL)),
     }
     if PRS not in MISSING:
         variants[PRS] = lock_cycle(PrsCycle(prs_semaphore(r, "bench:sem:prs")))
@@ -278,8 +283,12 @@ def report_cycle(cycle: dict[str, dict[str, float]], checks: dict[str, bool]) ->
     print(f"    {'variant':<{WIDTH}} {'x floor':>8} {'x tasklock.Semaphore(timeout=30)':>33}")
     for name, us in cycle.items():
         print(f"    {name:<{WIDTH}} {us['paired_x_floor']:8.2f} {us['paired_x_semaphore']:33.2f}")
-    for name in (EXPLICIT, DEFAULT):
+    for name in (EXPLICIT, DEFAULT, FRESH):
         checks[f"{name} cycle <= 1.2x floor"] = cycle[name]["paired_x_floor"] <= 1.2
+    # A new object per cycle (``with Semaphore(...):``) costs what reusing one does.
+    checks["a new Semaphore per cycle <= 1.05x a reused one"] = (
+        cycle[FRESH]["paired_x_semaphore"] <= 1.05
+    )
     for name in (PRS, CL, RSE):
         if name in cycle:
             theirs = cycle[name]

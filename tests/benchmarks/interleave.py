@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "floor_cycle",
+    "fresh_cycle",
     "lock_cycle",
     "measure",
     "paired_ratio",
@@ -45,6 +46,17 @@ def lock_cycle(lock: Any) -> Callable[[], None]:
     def run() -> None:
         assert acquire()
         release()
+
+    return run
+
+
+def fresh_cycle(make: Callable[[], Any]) -> Callable[[], None]:
+    """A lock object made, acquired and released per cycle, as ``with make():`` does: what most
+    programs write (``with tasklock.Lock(r, name):``), so the object's making is timed too."""
+
+    def run() -> None:
+        with make():
+            pass
 
     return run
 

@@ -203,9 +203,7 @@ class AsyncBaseLock(LeaseCore):
 
     def _end_this_hold(self, hold: Hold) -> None:
         """End ``hold`` (stop renewing; clear the token if it is still this context's hold)."""
-        hold.ended = True
-        if hold.renewal is not None:
-            self._watchdog().unwatch(hold.renewal)
+        self._stop_hold(hold)
         if getattr(self.local, "hold", None) is hold:
             self.local.hold = None
             self.local.token = None

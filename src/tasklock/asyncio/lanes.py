@@ -43,7 +43,7 @@ from redis.exceptions import NoScriptError
 from tasklock.asyncio.replies import ReplyReader
 from tasklock.asyncio.scripts import run_script
 from tasklock.core.connection import describe_client
-from tasklock.core.scripting import Script, _bulk
+from tasklock.core.scripting import Script, _bulk, encoded_parts
 
 __all__ = ["AsyncBoundScript", "AsyncLane", "LaneConnection", "async_lane_for"]
 
@@ -107,6 +107,7 @@ class AsyncLane:
         "_kwargs",
         "_make",
         "encode",
+        "encoded",
         "encoding",
         "failing",
         "timeout",
@@ -129,6 +130,9 @@ class AsyncLane:
         }
         self._idle: collections.deque[LaneConnection] = collections.deque()
         self.encode = encode
+        #: The fixed parts of script calls already encoded (see
+        #: :attr:`tasklock.core.lanes.Lane.encoded`).
+        self.encoded: dict[tuple[Any, ...], tuple[bytes, bytes, int]] = {}
         #: Set when a connect failed or a round found the server silent, cleared by its next
         #: reply: a Redlock round then gives it no connect allowance (it is likely down).
         self.failing = False
@@ -209,7 +213,8 @@ def async_lane_for(client: Any) -> AsyncLane | None:
 class AsyncBoundScript:
     """A script with fixed keys (and fixed trailing arguments) on one ``redis.asyncio`` client,
     sent pre-encoded on its lane (see the module docstring); the answer and the errors are those
-    of :func:`run_script`. ``on_late`` gets the reply of a call whose caller was cancelled."""
+    of :func:`run_script`. A call's ``on_late`` gets its reply if its caller was cancelled (per
+    call, not kept here: the lock that owns this would otherwise be in a reference cycle)."""
 
     __slots__ = (
         "_argc",
@@ -219,7 +224,6 @@ class AsyncBoundScript:
         "client",
         "fast",
         "keys",
-        "on_late",
         "script",
         "tail",
     )
@@ -230,27 +234,25 @@ class AsyncBoundScript:
         client: Any,
         keys: Sequence[Any],
         tail: Sequence[Any] = (),
-        on_late: Callable[[Any, tuple[Any, ...]], None] | None = None,
     ) -> None:
         self.script = script
         self.client = client
         self.keys = tuple(keys)
         self.tail = tuple(tail)
-        self.on_late = on_late
         self._lane = lane = async_lane_for(client)
         #: True when calls go over the lane (and so deal with their caller's cancellation).
         self.fast = lane is not None
         if lane is not None:
-            encode = lane.encode
-            self._head = script.packed_head + _bulk([b"%d" % len(self.keys), *map(encode, keys)])
-            self._tail = _bulk(map(encode, self.tail))
-            self._argc = 3 + len(self.keys) + len(self.tail)
+            self._head, self._tail, self._argc = encoded_parts(lane, script, self.keys, self.tail)
 
     async def __call__(
-        self, *args: Any, on_cancel: Callable[[asyncio.Future[Any]], None] | None = None
+        self,
+        *args: Any,
+        on_cancel: Callable[[asyncio.Future[Any]], None] | None = None,
+        on_late: Callable[[Any, tuple[Any, ...]], None] | None = None,
     ) -> Any:
         """The script's answer. If the caller is cancelled while the reply is on its way, the
-        reply still arrives (see ``on_late``); ``on_cancel`` gets a future of it."""
+        reply still arrives: ``on_late`` gets it, and ``on_cancel`` a future of it."""
         lane = self._lane
         if lane is not None:
             packed = b"*%d\r\n%s%s%s" % (
@@ -275,9 +277,9 @@ class AsyncBoundScript:
                 delivered.append(reply)
                 for future in late:
                     _resolve(future, reply)
-                if self.on_late is not None and not isinstance(reply, BaseException):
+                if on_late is not None and not isinstance(reply, BaseException):
                     try:
-                        self.on_late(reply, args)
+                        on_late(reply, args)
                     except Exception:
                         log.exception("handling the late reply of a %s call", self.script.name)
 

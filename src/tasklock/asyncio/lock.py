@@ -97,11 +97,7 @@ class Lock(AsyncBaseLock):
         layout = self._layout
         self._bound_to = client
         self._acquire_script = AsyncBoundScript(
-            layout.acquire,
-            client,
-            layout.acquire_keys,
-            layout.acquire_tail,
-            on_late=self._took_while_cancelled,
+            layout.acquire, client, layout.acquire_keys, layout.acquire_tail
         )
         self._release_script = AsyncBoundScript(
             layout.release, client, layout.release_keys, layout.release_tail
@@ -120,7 +116,9 @@ class Lock(AsyncBaseLock):
         if self.redis is not self._bound_to:
             self._bind(self.redis)
         with backend_errors(self.redis, self._acquiring, self._layout.acquire_keys):
-            ok, number = await self._acquire_script(*self._layout.attempt_args(token, waiting))
+            ok, number = await self._acquire_script(
+                *self._layout.attempt_args(token, waiting), on_late=self._took_while_cancelled
+            )
         if ok:
             return Attempt(True, f"{token}#{number}".encode(), int(number))
         return Attempt(False, holder_ttl=number / 1000 if number >= 0 else None)

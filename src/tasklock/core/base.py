@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from types import SimpleNamespace, TracebackType
+from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
 from tasklock.core.clock import clock
@@ -53,11 +53,30 @@ class _Waiter(Protocol):
     def close(self) -> None: ...
 
 
+class _ThreadHolds(threading.local):
+    """``lock.local`` with ``thread_local``: each thread's hold. The class attributes are every
+    thread's starting values, so reading one a thread never set costs no AttributeError."""
+
+    token: bytes | None = None
+    hold: Any = None
+    last_hold: Any = None
+    lost: Any = None
+
+
+class _SharedHolds:
+    """``lock.local`` without ``thread_local``: one hold for every thread."""
+
+    token: bytes | None = None
+    hold: Any = None
+    last_hold: Any = None
+    lost: Any = None
+
+
 class BaseLock(LeaseCore):
     """The shared surface; see :class:`tasklock.Lock` for the parameters."""
 
     def _new_local(self) -> Any:
-        return threading.local() if self.thread_local else SimpleNamespace()
+        return _ThreadHolds() if self.thread_local else _SharedHolds()
 
     def _watchdog(self) -> Watchdog:
         return get_watchdog()

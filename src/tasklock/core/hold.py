@@ -190,6 +190,13 @@ class Hold:
                 flag = self._lost
         return flag
 
+    def end(self) -> None:
+        """Released (or released in vain): the clock stops counting, and the flag lets go of
+        the hold (each refers to the other: a cycle only the garbage collector would free)."""
+        self.ended = True
+        if self._lost is not None:
+            self._lost._hold = None
+
     def lease_end(self) -> float | None:
         """The lease's end by this process's clock, or None once the hold has ended."""
         if self.ended:

@@ -67,6 +67,10 @@ _generation = 0
 #: Calls a thread makes through the pool before it gets a connection of its own.
 WARM_UP_CALLS = 4
 
+#: How many pre-encoded script calls a lane keeps (see :attr:`Lane.encoded`); past that it
+#: starts again empty: a lock name per task argument must not grow a process without bound.
+ENCODED_LIMIT = 4096
+
 
 def green_threads() -> bool:
     """True when gevent or eventlet has monkey-patched ``threading``: "threads" are greenlets.
@@ -92,12 +96,17 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class Lane:
     """Per-thread connections to one pool's server, and the encoder of the client it serves."""
 
-    __slots__ = ("__weakref__", "_local", "_pool", "encode")
+    __slots__ = ("__weakref__", "_local", "_pool", "encode", "encoded")
 
     def __init__(self, pool: Any, encode: Any) -> None:
         self._pool = weakref.ref(pool)  # the pool owns its lane, not the other way round
         self._local = threading.local()
         self.encode = encode
+        #: The fixed parts of script calls already encoded for this pool, by script, keys and
+        #: trailing arguments (see :class:`tasklock.core.scripting.BoundScript`): most programs
+        #: make a new lock object per use (``with Lock(r, name):``), and encoding its calls again
+        #: cost a fresh object more than a round trip's worth of CPU. Bounded by ENCODED_LIMIT.
+        self.encoded: dict[tuple[Any, ...], tuple[bytes, bytes, int]] = {}
 
     def connection(self) -> Any | None:
         """This thread's connection, or None for one of its first WARM_UP_CALLS calls (in this

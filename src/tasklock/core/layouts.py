@@ -10,6 +10,7 @@ nothing else differently.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from tasklock.core.keys import fence_counter_ttl_ms, queue_keys_for, wake_channel, wake_id
@@ -37,6 +38,10 @@ __all__ = ["WAITER_LIVENESS", "Layout", "lock_layout", "permit_layout"]
 #: every attempt, at most a second apart (MAX_POLL_INTERVAL), so only one that died, hung or lost
 #: its connection drops out; and it holds the queue up for no longer than this.
 WAITER_LIVENESS = 3.0
+
+#: Layouts kept for reuse per kind (a lock name per task argument must not grow a process
+#: without bound).
+LAYOUT_CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,10 @@ class Layout:
         return f"{wake_id()} {token_id(owner)}"
 
 
+@lru_cache(maxsize=LAYOUT_CACHE_SIZE)
 def lock_layout(name: str, fence_key: str, ttl: float, fair: bool) -> Layout:
-    """A Lock: one key holding ``<owner>#<fence>``."""
+    """A Lock: one key holding ``<owner>#<fence>``. (Layouts are immutable: the same arguments
+    share one, so a lock object made per use builds nothing new.)"""
     ttl_ms = max(1, int(ttl * 1000))
     channel = wake_channel(name)
     if not fair:
@@ -102,6 +109,7 @@ def lock_layout(name: str, fence_key: str, ttl: float, fair: bool) -> Layout:
     )
 
 
+@lru_cache(maxsize=LAYOUT_CACHE_SIZE)
 def permit_layout(name: str, fence_key: str, ttl: float, limit: int, fair: bool) -> Layout:
     """A Semaphore: a sorted set of ``limit`` permits (see PERMIT_ACQUIRE)."""
     ttl_ms = max(1, int(ttl * 1000))

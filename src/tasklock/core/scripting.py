@@ -11,16 +11,16 @@ caches its Script objects on the class, bound to the first client).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis.exceptions as redis_errors
 from redis.exceptions import NoScriptError
 
-from tasklock.core.lanes import lane_for
+from tasklock.core.lanes import ENCODED_LIMIT, lane_for
 
-__all__ = ["BoundScript", "Script", "run_batch"]
+__all__ = ["BoundScript", "EncodingLane", "Script", "encoded_parts", "run_batch"]
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,7 @@ class BoundScript:
         self.tail = tuple(tail)
         self._lane = lane = lane_for(client)
         if lane is not None:
-            encode = lane.encode
-            self._head = script.packed_head + _bulk([b"%d" % len(self.keys), *map(encode, keys)])
-            self._tail = _bulk(map(encode, self.tail))
-            self._argc = 3 + len(self.keys) + len(self.tail)
+            self._head, self._tail, self._argc = encoded_parts(lane, script, self.keys, self.tail)
 
     def __call__(self, *args: Any) -> Any:
         lane = self._lane
@@ -134,6 +131,34 @@ class BoundScript:
             if answer is not _MISSED:
                 return answer
         return self.script.ordinary(self.client, self.keys, (*args, *self.tail))
+
+
+class EncodingLane(Protocol):
+    """What :func:`encoded_parts` needs of a lane, blocking or asyncio."""
+
+    encode: Callable[[Any], bytes]
+    encoded: dict[tuple[Any, ...], tuple[bytes, bytes, int]]
+
+
+def encoded_parts(
+    lane: EncodingLane, script: Script, keys: tuple[Any, ...], tail: tuple[Any, ...]
+) -> tuple[bytes, bytes, int]:
+    """The fixed parts of a bound call (the head through the keys, the trailing arguments, and
+    the count of fixed words), encoded once per lane (see :attr:`Lane.encoded`)."""
+    memo = lane.encoded
+    cache_key = (script.sha, keys, tail)
+    parts = memo.get(cache_key)
+    if parts is None:
+        encode = lane.encode
+        parts = (
+            script.packed_head + _bulk([b"%d" % len(keys), *map(encode, keys)]),
+            _bulk(map(encode, tail)),
+            3 + len(keys) + len(tail),
+        )
+        if len(memo) >= ENCODED_LIMIT:
+            memo.clear()
+        memo[cache_key] = parts
+    return parts
 
 
 def run_batch(

@@ -17,9 +17,11 @@ dropped, never closed, so the parent's connection survives).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -405,18 +407,30 @@ def server_identity(client: Any) -> tuple[Any, ...]:
     )
 
 
+#: The hub of each client object already asked for: a lock made per use asks once per object,
+#: and working out the server's identity each time cost it more than this lookup.
+_hub_of_client: weakref.WeakKeyDictionary[Any, WakeupHub] = weakref.WeakKeyDictionary()
+
+
 def hub_for(client: Any) -> WakeupHub:
+    try:
+        return _hub_of_client[client]
+    except (KeyError, TypeError):  # (TypeError: a client that cannot be weakly referenced)
+        pass
     key = server_identity(client)
     with _hubs_lock:
         hub = _hubs.get(key)
         if hub is None:
             hub = _hubs[key] = WakeupHub(client)
-        return hub
+    with contextlib.suppress(TypeError):
+        _hub_of_client[client] = hub
+    return hub
 
 
 def _reset_after_fork() -> None:
     global _hubs_lock
     _hubs.clear()  # dropped, not closed: the sockets belong to the parent
+    _hub_of_client.clear()
     _hubs_lock = threading.Lock()
 
 

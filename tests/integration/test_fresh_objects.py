@@ -1,0 +1,67 @@
+"""A lock object made per use (``with tasklock.Lock(r, name):``), as most programs write it.
+
+What such an object shares with earlier ones (the encoded script calls, the layout, the wake-up
+hub) is shared by value, never by state: a new object on the same name behaves as the first did,
+what it leaves behind is freed by reference counting alone (no cycles for the garbage collector,
+whatever the options), and what is kept for reuse stays bounded however many names a process uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+import tasklock
+from tasklock.core.lanes import ENCODED_LIMIT, lane_for
+from tasklock.core.layouts import LAYOUT_CACHE_SIZE, lock_layout
+from tests.support.garbage import cyclic_garbage
+
+
+def blocking_variants(r: redis.Redis) -> dict[str, Callable[[], Any]]:
+    return {
+        "timeout": lambda: tasklock.Lock(r, "fresh:a", timeout=10),
+        "watchdog": lambda: tasklock.Lock(r, "fresh:b"),
+        "unfair": lambda: tasklock.Lock(r, "fresh:c", fair=False, watchdog=True),
+        "shared": lambda: tasklock.Lock(r, "fresh:d", thread_local=False),
+        "semaphore": lambda: tasklock.Semaphore(r, "fresh:e", 2),
+    }
+
+
+def test_a_lock_made_per_use_is_freed_without_the_garbage_collector(r: redis.Redis) -> None:
+    for label, make in blocking_variants(r).items():
+        for _ in range(3):  # connections, script loads: made once, kept
+            with make():
+                pass
+        with cyclic_garbage() as found:
+            for _ in range(20):
+                with make() as lock:
+                    assert lock.fence is not None
+                    assert not lock.lost
+                assert not lock.lost  # (the flag of an ended hold, asked after the release)
+        assert found == [], f"{label}: {sorted(set(found))} were left in reference cycles"
+
+
+def test_fresh_objects_on_one_name_take_turns_and_fences_rise(r: redis.Redis) -> None:
+    fences = []
+    for _ in range(5):
+        with tasklock.Lock(r, "fresh:turns", timeout=10) as lock:
+            assert not tasklock.Lock(r, "fresh:turns", timeout=10).acquire(blocking=False)
+            fences.append(lock.fence)
+    assert fences == sorted(fences)
+    assert len(set(fences)) == 5
+
+
+def test_what_is_kept_for_reuse_stays_bounded(r: redis.Redis) -> None:
+    lane = lane_for(r)
+    assert lane is not None
+    for i in range(ENCODED_LIMIT + 50):  # more names than the lane keeps
+        tasklock.Lock(r, f"fresh:name:{i}", timeout=10)
+        assert len(lane.encoded) <= ENCODED_LIMIT
+    with tasklock.Lock(r, "fresh:name:0", timeout=10) as lock:  # one dropped: encoded again
+        assert lock.fence is not None
+    lock_layout.cache_clear()
+    for i in range(LAYOUT_CACHE_SIZE + 50):
+        lock_layout(f"fresh:layout:{i}", "fence", 10.0, True)
+    assert lock_layout.cache_info().currsize <= LAYOUT_CACHE_SIZE
