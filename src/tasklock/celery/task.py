@@ -163,6 +163,10 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     throws: tuple[type[Exception], ...] = (DuplicateTask,)
 
     _tasklock_guard: ClassVar[Guard | None] = None
+    #: Attributes a subclass declares as its own API, never read as tasklock options nor
+    #: refused as near-misses (:mod:`tasklock.compat.celery_singleton`'s ``on_duplicate()``
+    #: method and ``raise_on_duplicate`` setting are the original library's).
+    _tasklock_own_attributes: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -195,6 +199,8 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         decorated = bool(cls.__dict__.get("_decorated"))
         for attribute, value in cls.__dict__.items():
             code = callable(value) or hasattr(type(value), "__get__")
+            if attribute in cls._tasklock_own_attributes:
+                continue
             if attribute in OPTION_NAMES:
                 if code and not decorated and not isinstance(value, staticmethod):
                     raise ConfigurationError(
@@ -227,7 +233,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                 merged.update(options)
             if issubclass(klass, SingletonTask):
                 for option in OPTION_NAMES:
-                    if option in namespace:
+                    if option in namespace and option not in cls._tasklock_own_attributes:
                         merged[option] = _unwrap(namespace[option])
         return merged
 

@@ -117,6 +117,7 @@ class QueueOnce(CompatTask):
     """
 
     abstract = True
+    _tasklock_own_attributes = frozenset({"once"})
     once: ClassVar[dict[str, Any]] = {"graceful": False, "unlock_before_run": False}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
