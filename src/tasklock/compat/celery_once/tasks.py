@@ -46,17 +46,17 @@ _call_timeout: ContextVar[float | None] = ContextVar("tasklock_once_timeout", de
 class AlreadyQueued(Exception):
     """The call is already queued or running. ``countdown``: seconds until its marker expires.
 
-    Picklable (it survives a result backend and ``autoretry_for``), unlike an exception whose
-    ``__init__`` takes other arguments than ``args`` holds.
+    ``args`` is ``(countdown,)``, so that pickle and Celery's JSON result backend (which
+    rebuild an exception as ``cls(*args)``) give it back whole; ``str()`` is the message.
     """
 
     def __init__(self, countdown: float) -> None:
         self.countdown = countdown
         self.message = f"Expires in {countdown} seconds"
-        super().__init__(self.message)
+        super().__init__(countdown)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.countdown,))
+    def __str__(self) -> str:
+        return self.message
 
 
 def _timeout(value: Any, where: str) -> float:

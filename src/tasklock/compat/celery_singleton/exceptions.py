@@ -4,8 +4,6 @@ crashed with ``TypeError: __init__() missing 1 required positional argument``, i
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = ["CelerySingletonException", "DuplicateTaskError"]
 
 
@@ -14,11 +12,15 @@ class CelerySingletonException(Exception):
 
 
 class DuplicateTaskError(CelerySingletonException):
-    """A duplicate was queued and ``raise_on_duplicate`` is on; ``task_id``: the queued twin's."""
+    """A duplicate was queued and ``raise_on_duplicate`` is on; ``task_id``: the queued twin's.
+
+    ``args`` holds both arguments, so that pickle and Celery's JSON result backend (which
+    rebuilds an exception as ``cls(*args)``) give it back whole; ``str()`` is the message.
+    """
 
     def __init__(self, message: str, task_id: str) -> None:
         self.task_id = task_id
-        super().__init__(message)
+        super().__init__(message, task_id)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.task_id))
+    def __str__(self) -> str:
+        return str(self.args[0])
