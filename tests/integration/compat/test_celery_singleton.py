@@ -65,19 +65,24 @@ def test_raise_on_duplicate_names_the_twin(rc: redis.Redis) -> None:
 
 
 def test_revoked_task_does_not_block_for_ever(rc: redis.Redis) -> None:
-    """celery-singleton #29: after a revoke, the next delay() returned the revoked task's id for
-    ever (the lock had no expiry and nothing cleared it)."""
+    """celery-singleton #29: a task revoked before it ran (state REVOKED) kept its lock, so every
+    later delay() returned the revoked task's id, for ever (the lock had no expiry)."""
     name = unique("revoke")
+    first = compat_app.single_task.apply_async((name, 0), countdown=0.5)
+    first.revoke()
+    eventually(lambda: first.state == "REVOKED", timeout=30, what="discarded by the worker")
+    second = compat_app.single_task.delay(name, 0)
+    assert second.id != first.id
+    second.get(timeout=30)
+
+
+def test_terminated_task_clears_the_lock(rc: redis.Redis) -> None:
+    name = unique("terminate")
     first = compat_app.single_task.delay(name, 30)
     started(rc, name)
     first.revoke(terminate=True, signal="SIGKILL")
     eventually(lambda: first.state == "REVOKED", timeout=30)
-    second = eventually(
-        lambda: (r := compat_app.single_task.delay(name, 0)).id != first.id and r,
-        timeout=10,
-        what="a new task id after the revoke",
-    )
-    second.get(timeout=30)
+    eventually(lambda: rc.get(lock_of(compat_app.single_task, name, 30)) is None, what="cleared")
 
 
 def test_hard_time_limit_clears_the_lock(rc: redis.Redis) -> None:
