@@ -68,11 +68,14 @@ class PendingMarkers:
         *,
         is_pending: Callable[[str], bool] | None = None,
         delay: float = 0.0,
+        ttl: float | None = None,
     ) -> str | None:
         """Mark this call as pending under ``task_id``; return the id of a pending twin, if any.
 
         The marker lives ``pending_ttl`` seconds, plus ``delay`` (seconds until the call is due,
         for a countdown/eta), so a call scheduled far ahead stays pending until it can run.
+        ``ttl`` replaces ``pending_ttl`` for this one claim (an adapter whose callers choose the
+        marker's life per call, as celery-once's ``apply_async(once={"timeout": ...})`` does).
 
         ``is_pending(task_id)``, when given, is asked about a twin's id before it is trusted: an
         adapter that can see its framework's job states (RQ) answers False for a twin that is no
@@ -86,7 +89,7 @@ class PendingMarkers:
         """
         key = self.pending_key(args, kwargs)
         markers = self._markers()
-        ttl_ms = self._pending_ttl_ms(delay)
+        ttl_ms = self._pending_ttl_ms(delay, ttl)
         for _ in range(_CLAIM_ATTEMPTS):
             existing_id = markers.claim(key, task_id, ttl_ms, f"marking {self.name} as pending")
             if existing_id is None:
@@ -195,8 +198,9 @@ class PendingMarkers:
                 exc,
             )
 
-    def _pending_ttl_ms(self, delay: float) -> int:
-        return int((self.options.pending_ttl + max(0.0, delay)) * 1000)
+    def _pending_ttl_ms(self, delay: float, ttl: float | None = None) -> int:
+        base = self.options.pending_ttl if ttl is None else ttl
+        return int((base + max(0.0, delay)) * 1000)
 
     def clear_pending(
         self, args: Iterable[Any], kwargs: Mapping[str, Any], task_id: str | None

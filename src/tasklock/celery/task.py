@@ -163,6 +163,10 @@ class SingletonTask(Task):  # type: ignore[type-arg]
     throws: tuple[type[Exception], ...] = (DuplicateTask,)
 
     _tasklock_guard: ClassVar[Guard | None] = None
+    #: Attributes a subclass declares as its own API, never read as tasklock options nor
+    #: refused as near-misses (:mod:`tasklock.compat.celery_singleton`'s ``on_duplicate()``
+    #: method and ``raise_on_duplicate`` setting are the original library's).
+    _tasklock_own_attributes: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -188,11 +192,15 @@ class SingletonTask(Task):  # type: ignore[type-arg]
         each is checked; in a hand-written class, methods and other descriptors are the class's
         own business and only plain values are. A method there that has an option's name
         (``def key(self, ...)``) is refused too: it would be read as the option, and called
-        without ``self``.
+        without ``self``. An attribute a base class declares (``Task``'s own, or an adapter's
+        such as :mod:`tasklock.compat`'s ``once`` or ``unique_on``) is that base's option, not
+        a near-miss.
         """
         decorated = bool(cls.__dict__.get("_decorated"))
         for attribute, value in cls.__dict__.items():
             code = callable(value) or hasattr(type(value), "__get__")
+            if attribute in cls._tasklock_own_attributes:
+                continue
             if attribute in OPTION_NAMES:
                 if code and not decorated and not isinstance(value, staticmethod):
                     raise ConfigurationError(
@@ -203,7 +211,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                 continue
             if (
                 attribute.startswith("_")
-                or hasattr(SingletonTask, attribute)
+                or any(attribute in klass.__dict__ for klass in cls.__mro__[1:])
                 or (code and not decorated)
             ):
                 continue
@@ -225,7 +233,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                 merged.update(options)
             if issubclass(klass, SingletonTask):
                 for option in OPTION_NAMES:
-                    if option in namespace:
+                    if option in namespace and option not in cls._tasklock_own_attributes:
                         merged[option] = _unwrap(namespace[option])
         return merged
 
@@ -446,6 +454,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                     task_id,
                     is_pending=self._tasklock_is_pending,
                     delay=seconds_until_due(options, self._tasklock_app()),
+                    ttl=self._tasklock_pending_ttl(),
                 )
             except BackendUnavailable as exc:
                 if guard.options.on_backend_error != "run":
@@ -458,7 +467,7 @@ class SingletonTask(Task):  # type: ignore[type-arg]
                 )
             else:
                 if existing is not None:
-                    return self.AsyncResult(existing)
+                    return self._tasklock_pending_twin(existing, call_args, call_kwargs)
                 claimed = True
         try:
             return super().apply_async(
@@ -468,6 +477,17 @@ class SingletonTask(Task):  # type: ignore[type-arg]
             if claimed:
                 guard.clear_pending(args or (), kwargs or {}, task_id)
             raise
+
+    def _tasklock_pending_ttl(self) -> float | None:
+        """How long this call's enqueue marker lives (before a countdown/eta); None for
+        ``pending_ttl``. A hook for adapters whose callers choose it per call."""
+        return None
+
+    def _tasklock_pending_twin(self, task_id: str, args: Any, kwargs: Any) -> AsyncResult[Any]:
+        """What ``apply_async`` returns when ``dedupe_enqueue`` finds task ``task_id`` pending
+        for the same call: its result. A hook for adapters that answer otherwise (raise, or an
+        empty result), as the libraries :mod:`tasklock.compat` stands in for do."""
+        return self.AsyncResult(task_id)
 
     def _tasklock_is_pending(self, task_id: str) -> bool:
         """False when the result backend says the marker's task is over (a missed clean-up, e.g.

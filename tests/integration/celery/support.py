@@ -117,7 +117,10 @@ class WorkerProcess:
             "-l", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
             *(("-Q", queues) if queues else ()), *extra,
         ]  # fmt: skip
-        self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        # The checkout first; the caller's PYTHONPATH after it (another source tree under test,
+        # packages installed to the side), as the benchmarks' workers do.
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        self.env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), *inherited])}
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, app: Celery) -> WorkerProcess:
