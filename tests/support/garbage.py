@@ -11,9 +11,11 @@ __all__ = ["cyclic_garbage"]
 
 @contextmanager
 def cyclic_garbage() -> Iterator[list[str]]:
-    """Names of tasklock's objects that only the garbage collector freed inside the block."""
+    """Names of tasklock's objects made inside the block that only the garbage collector freed
+    (older ones, such as an earlier test's client and its connections, are not the block's)."""
     found: list[str] = []
     gc.collect()
+    older = {id(thing) for thing in gc.get_objects() if _ours(thing)}
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
@@ -22,9 +24,13 @@ def cyclic_garbage() -> Iterator[list[str]]:
         found.extend(
             type(thing).__qualname__
             for thing in gc.garbage
-            if type(thing).__module__.startswith("tasklock")
+            if _ours(thing) and id(thing) not in older
         )
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+
+
+def _ours(thing: object) -> bool:
+    return type(thing).__module__.startswith("tasklock")

@@ -43,6 +43,7 @@ from redis.exceptions import NoScriptError
 from tasklock.asyncio.replies import ReplyReader
 from tasklock.asyncio.scripts import run_script
 from tasklock.core.connection import describe_client
+from tasklock.core.lanes import encoder_of
 from tasklock.core.scripting import Script, _bulk, encoded_parts
 
 __all__ = ["AsyncBoundScript", "AsyncLane", "LaneConnection", "async_lane_for"]
@@ -201,11 +202,7 @@ def async_lane_for(client: Any) -> AsyncLane | None:
         and getattr(pool, "cache", None) is None
         and str(kwargs.get("protocol") or 2) == "2"
     ):
-        lane = AsyncLane(
-            pool,
-            client.get_encoder().encode,  # type: ignore[no-untyped-call]
-            describe_client(client),
-        )
+        lane = AsyncLane(pool, encoder_of(client), describe_client(client))
         weakref.finalize(pool, lane.close_all)
     return _lanes.setdefault(pool, lane)
 

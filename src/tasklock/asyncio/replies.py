@@ -8,9 +8,7 @@ each read is an await of its own; here ``data_received`` parses whatever arrived
 reply to the callback registered for it, in order, with no await and no task. A Redlock round
 then wakes its caller once, when its outcome is decided, not once per master.
 
-Only what tasklock's own commands answer is parsed: integers, bulk strings, arrays of them,
-simple strings and errors (made into redis-py's exception classes by redis-py's own
-``parse_error``). Replies are bytes; nothing is decoded.
+What is parsed, and how, is :mod:`tasklock.core.replies`, shared with the blocking lanes.
 """
 
 from __future__ import annotations
@@ -19,60 +17,15 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
-from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+from tasklock.core.replies import INCOMPLETE, parse_reply
 
 __all__ = ["INCOMPLETE", "ReplyReader", "parse_reply"]
 
 log = logging.getLogger("tasklock.lock")
-
-
-class _Incomplete:
-    def __repr__(self) -> str:
-        return "INCOMPLETE"
-
-
-#: What :func:`parse_reply` answers while a reply has not fully arrived.
-INCOMPLETE: Final = _Incomplete()
-
-
-def parse_reply(buffer: bytearray, start: int) -> tuple[Any, int]:
-    """The reply that starts at ``start`` and the offset after it, or (INCOMPLETE, start)."""
-    end = buffer.find(b"\r\n", start)
-    if end < 0:
-        return INCOMPLETE, start
-    kind = buffer[start]
-    line = bytes(buffer[start + 1 : end])
-    after = end + 2
-    if kind == 58:  # ":" integer
-        return int(line), after
-    if kind == 36:  # "$" bulk string
-        size = int(line)
-        if size < 0:
-            return None, after
-        if len(buffer) < after + size + 2:
-            return INCOMPLETE, start
-        return bytes(buffer[after : after + size]), after + size + 2
-    if kind == 42:  # "*" array
-        count = int(line)
-        if count < 0:
-            return None, after
-        items = []
-        position = after
-        for _ in range(count):
-            item, position = parse_reply(buffer, position)
-            if item is INCOMPLETE:
-                return INCOMPLETE, start
-            items.append(item)
-        return items, position
-    if kind == 43:  # "+" simple string
-        return line, after
-    if kind == 45:  # "-" error: redis-py's class for it (NoScriptError, NoPermissionError...)
-        error = BaseParser.parse_error(line.decode(errors="replace"))  # type: ignore[no-untyped-call]
-        return error, after
-    raise RedisConnectionError(f"unexpected reply type {chr(kind)!r} on a tasklock connection")
 
 
 Callback = Callable[[Any], None]

@@ -49,17 +49,25 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Lane", "green_threads", "lane_for"]
+from tasklock.core.replies import INCOMPLETE, parse_reply
+
+__all__ = ["Lane", "encoder_of", "green_threads", "lane_for", "round_trip"]
 
 # The stock method, remembered before anything (a tracer, say) could patch it: a client whose
 # execute_command differs from it is instrumented, and its calls must go through it.
 _STOCK_EXECUTE = redis.Redis.execute_command
 _POOL_CLASSES = (redis.ConnectionPool, redis.BlockingConnectionPool)
+#: The connections whose socket a lane reads and writes itself (see :func:`round_trip`).
+_CONNECTION_CLASSES = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection)
 
 #: Bumped in a forked child: a connection made before the fork belongs to the parent.
 _generation = 0
@@ -132,6 +140,27 @@ class Lane:
         return connection
 
 
+def encoder_of(client: Any) -> Callable[[Any], bytes]:
+    """``client``'s encoder, with text and bytes (nearly everything a lock sends: its names,
+    tokens and values) taken past its type checks: a task's lock has a new name per call, and
+    those checks were most of what encoding its script calls cost. Anything else goes to
+    redis-py's own ``encode``, and so is encoded, or refused, as the client would."""
+    encoder = client.get_encoder()
+    slow: Callable[[Any], bytes] = encoder.encode
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+
+    def encode(value: Any) -> bytes:
+        kind = type(value)
+        if kind is str:
+            encoded: bytes = value.encode(encoding, errors)
+            return encoded
+        if kind is bytes:
+            return value  # type: ignore[no-any-return]
+        return slow(value)
+
+    return encode
+
+
 _lanes: weakref.WeakKeyDictionary[Any, Lane | None] = weakref.WeakKeyDictionary()
 _lanes_lock = threading.Lock()
 
@@ -155,10 +184,58 @@ def lane_for(client: Any) -> Lane | None:
     kwargs = getattr(pool, "connection_kwargs", None) or {}
     if (
         type(pool) in _POOL_CLASSES
+        and getattr(pool, "connection_class", None) in _CONNECTION_CLASSES
         and getattr(pool, "cache", None) is None
         and str(kwargs.get("protocol") or 2) == "2"
         and not green_threads()
     ):
-        lane = Lane(pool, client.get_encoder().encode)
+        lane = Lane(pool, encoder_of(client))
     with _lanes_lock:
         return _lanes.setdefault(pool, lane)
+
+
+#: How much one read asks for: a lock's reply is a few dozen bytes.
+_READ_SIZE = 65536
+
+
+def round_trip(connection: Any, packed: bytes) -> Any:
+    """Send ``packed`` (one command) on a lane's connected ``connection``; read its one reply.
+
+    The socket is redis-py's (connected, authenticated and health-checked by redis-py, on the
+    pool's settings), but the bytes are written and the reply parsed here
+    (:func:`tasklock.core.replies.parse_reply`): redis-py's per-command layer and its parser cost
+    a lock cycle more CPU than the cycle's own work. The rest is as redis-py's
+    ``read_response``: an error reply is returned as its exception instance; a timeout, a lost
+    connection or anything raised into the thread mid-call disconnects (so no stale reply is
+    ever read) and raises as redis-py would.
+    """
+    if connection.health_check_interval and time.monotonic() > connection.next_health_check:
+        connection.check_health()
+    sock = connection._sock
+    try:
+        sock.sendall(packed)
+        data = sock.recv(_READ_SIZE)
+        reply, after = parse_reply(data, 0)
+        if reply is INCOMPLETE:
+            buffer = bytearray(data)
+            while reply is INCOMPLETE:
+                if not data:
+                    raise RedisConnectionError("Connection closed by server.")
+                data = sock.recv(_READ_SIZE)
+                buffer += data
+                reply, after = parse_reply(buffer, 0)
+            data = bytes(buffer)
+        if after != len(data):
+            raise RedisConnectionError("more than one reply to one command on a tasklock lane")
+    except TimeoutError:
+        connection.disconnect()
+        raise RedisTimeoutError("Timeout reading from the lock's server") from None
+    except OSError as exc:
+        connection.disconnect()
+        raise RedisConnectionError(f"Error while talking to the lock's server: {exc}") from exc
+    except BaseException:
+        connection.disconnect()
+        raise
+    if connection.health_check_interval:
+        connection.next_health_check = time.monotonic() + connection.health_check_interval
+    return reply

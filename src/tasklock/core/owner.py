@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _text
 from typing import Any
 
 __all__ = ["Holder", "new_token", "parse_value", "restamped", "token_id"]
@@ -42,8 +43,17 @@ def new_token(extra: Mapping[str, Any] | None = None) -> str:
     """A fresh owner token; ``extra`` (e.g. ``{"task": task_id}``) is added to the metadata."""
     meta = f'{_base_meta_prefix()},"at":{time.time():.3f}'
     if extra:
-        meta += "," + json.dumps(dict(extra), separators=(",", ":"), default=str)[1:-1]
+        meta += "," + _members(extra)
     return f"{secrets.token_hex(16)} {meta}}}"
+
+
+def _members(extra: Mapping[str, Any]) -> str:
+    """``extra`` as the members of a JSON object (no braces). Text keys and values, which is
+    what the task layer passes on every call (``{"task": id, "name": name}``), skip
+    :func:`json.dumps`'s machinery: the same text, for a fraction of its cost."""
+    if all(type(k) is str and type(v) is str for k, v in extra.items()):
+        return ",".join(f"{_text(k)}:{_text(v)}" for k, v in extra.items())
+    return json.dumps(dict(extra), separators=(",", ":"), default=str)[1:-1]
 
 
 _STAMP = re.compile(r'(?<=[{,])"at":[0-9]+(?:\.[0-9]+)?')

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import redis.exceptions as redis_errors
 from redis.exceptions import NoScriptError
 
-from tasklock.core.lanes import ENCODED_LIMIT, lane_for
+from tasklock.core.lanes import ENCODED_LIMIT, lane_for, round_trip
 
 __all__ = ["BoundScript", "EncodingLane", "Script", "encoded_parts", "run_batch"]
 
@@ -70,7 +70,9 @@ class Script:
 
 
 def _bulk(parts: Iterable[bytes]) -> bytes:
-    return b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in parts)
+    # (A list, not a generator: join builds one anyway, and the generator's frame switches cost
+    # a fresh lock's calls more than the encoding itself.)
+    return b"".join([b"$%d\r\n%s\r\n" % (len(part), part) for part in parts])
 
 
 _MISSED: Any = object()
@@ -81,12 +83,17 @@ def _send(connection: Any, packed: bytes) -> Any:
     again the ordinary way (a connection error, a timeout, NOSCRIPT)."""
     # A connect failure is raised as the client would raise it: its connect() has already been
     # through the retry policy, and the ordinary path would not retry it.
-    connection.connect()
+    if connection._sock is None:
+        connection.connect()
     try:
-        connection.send_packed_command([packed])
-        return connection.read_response()
-    except (NoScriptError, redis_errors.ConnectionError, redis_errors.TimeoutError):
-        return _MISSED  # (redis-py has already disconnected a connection that failed)
+        answer = round_trip(connection, packed)
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError):
+        return _MISSED  # (round_trip has already disconnected a connection that failed)
+    if isinstance(answer, NoScriptError):
+        return _MISSED
+    if isinstance(answer, redis_errors.ResponseError):
+        raise answer
+    return answer
 
 
 class BoundScript:
