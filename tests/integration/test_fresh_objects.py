@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 
 import tasklock
 from tasklock.core.lanes import ENCODED_LIMIT, lane_for
 from tasklock.core.layouts import LAYOUT_CACHE_SIZE, lock_layout
+from tasklock.errors import ConfigurationError
 from tests.support.garbage import cyclic_garbage
 
 
@@ -65,3 +67,44 @@ def test_what_is_kept_for_reuse_stays_bounded(r: redis.Redis) -> None:
     for i in range(LAYOUT_CACHE_SIZE + 50):
         lock_layout(f"fresh:layout:{i}", "fence", 10.0, True)
     assert lock_layout.cache_info().currsize <= LAYOUT_CACHE_SIZE
+
+
+def _state(lock: Any) -> dict[str, Any]:
+    """What a lock object is, apart from its holds and its prepared calls' identity."""
+    state = {k: v for k, v in vars(lock).items() if k not in ("local", "_hub_cache")}
+    for name in ("_acquire_script", "_release_script"):
+        bound = state.pop(name)
+        state[name] = (bound.script, bound.keys, bound.tail, bound._head, bound._tail)
+    return state
+
+
+def test_for_name_makes_what_the_constructor_makes(r: redis.Redis) -> None:
+    def on_lost(lock: Any) -> None:
+        pass
+
+    made: list[tuple[Any, Any]] = []
+    for kind, extra in ((tasklock.Lock, ()), (tasklock.Semaphore, (1,))):
+        for options in (
+            {"timeout": 7, "fence_key": "{fresh}:fence", "on_lost": on_lost},
+            {"watchdog": True, "fair": False, "owner_info": {"job": "a"}},
+        ):
+            template = kind(r, "fresh:template", *extra, **options)
+            other = template.for_name("fresh:other", owner_info={"task": "t1"})
+            built = kind(r, "fresh:other", *extra, **{**options, "owner_info": {"task": "t1"}})
+            assert _state(other) == _state(built)
+            assert type(other) is kind
+            made.append((other, built))
+    for other, built in made:  # and it locks what the constructor's object locks
+        assert other.acquire(blocking=False)
+        assert not built.acquire(blocking=False)
+        assert not template.owned()
+        other.release()
+        assert built.acquire(blocking=False)
+        built.release()
+
+
+def test_for_name_refuses_a_bad_name(r: redis.Redis) -> None:
+    template = tasklock.Lock(r, "fresh:template", timeout=5)
+    for bad in ("", None, b"bytes"):
+        with pytest.raises(ConfigurationError, match="name must be a non-empty string"):
+            template.for_name(bad)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Self
 
 from tasklock.core.base import Attempt, BaseLock, Number, _Waiter
 from tasklock.core.connection import backend_errors, describe_client
@@ -87,6 +87,7 @@ class Lock(BaseLock):
             )
         self.redis = redis
         self.fair = check_fair(fair)
+        self._fence_key_given = fence_key is not None
         self.fence_key = fence_key_or_default(fence_key, self.name)
         self._ttl_ms = max(1, int(self.ttl * 1000))
         self._channel = wake_channel(self.name)
@@ -100,6 +101,32 @@ class Lock(BaseLock):
 
     def _make_layout(self) -> Layout:
         return lock_layout(self.name, self.fence_key, self.ttl, self.fair)
+
+    def for_name(self, name: str, *, owner_info: Mapping[str, Any] | None = None) -> Self:
+        """A new lock object for ``name`` with this one's client and options (``owner_info``
+        replaced): what the constructor would make, without checking the options again.
+
+        For a caller that locks a new name on every call with the same options, as the task
+        layer does (a name per call's arguments): the checks and the set-up that do not depend
+        on the name were most of what making the object cost. The new object shares nothing
+        that changes with this one: its holds are its own, and this one may be in use."""
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"name must be a non-empty string, got {name!r}")
+        if owner_info is not None and not isinstance(owner_info, Mapping):
+            raise ConfigurationError(f"owner_info must be a dict, got {owner_info!r}")
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.name = name
+        other.owner_info = dict(owner_info) if owner_info else None
+        other.local = other._new_local()
+        if not self._fence_key_given:
+            other.fence_key = fence_key_or_default(None, name)
+        other._channel = wake_channel(name)
+        other._layout = other._make_layout()
+        other._acquiring = f"acquiring lock {name!r}"
+        other._releasing = f"releasing lock {name!r}"
+        other._bind(self.redis)
+        return other
 
     def _bind(self, client: Any) -> None:
         # The hot path: acquire and release pre-encoded for this client (see BoundScript).
