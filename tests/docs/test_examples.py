@@ -1,11 +1,11 @@
-"""Every Python example of the documentation site, run against the suite's real redis-server.
+"""Every Python example of the docs site and the README, run against the suite's redis-server.
 
 Our own collector, not a plugin: it reads each ```` ```python ```` block of ``docs/**/*.md`` and
-runs it, after rewriting the one address the examples use (``localhost:6379``, and a bare
-``Redis()``) to the module's server. A name an example uses but does not define (``ledger``,
-``write_report``, ``call_stripe``: the reader's own code) is given a stand-in that accepts any
-call and attribute, so the example's tasklock calls really run. An HTML comment right before a
-block says how to run it (docs/contributing.md):
+``README.md`` and runs it, after rewriting the one address the examples use
+(``localhost:6379``, and a bare ``Redis()``) to the module's server. A name an example uses but
+does not define (``ledger``, ``write_report``, ``call_stripe``: the reader's own code) is given a
+stand-in that accepts any call and attribute, so the example's tasklock calls really run. An
+HTML comment right before a block says how to run it (docs/contributing.md):
 
 * no comment: ``run``, the whole block (top-level ``await`` allowed: it runs in ``asyncio.run``);
 * ``<!-- example: continue -->``: run in the namespace of the page's previous block;
@@ -44,7 +44,8 @@ from tasklock.celery import singleton_task
 from tasklock.rq import singleton_job
 from tests.support.servers import RedisServer
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
 MODES = {"run", "continue", "define", "compile"}
 _FENCE = re.compile(r"^```python\s*$")
 _MARK = re.compile(r"^<!--\s*example:\s*(\w+)\s*-->\s*$")
@@ -56,12 +57,12 @@ class Example:
 
     @property
     def id(self) -> str:
-        return f"{self.page.relative_to(DOCS)}:{self.line}"
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
 def collect() -> list[Example]:
     examples = []
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
         if "_build" in page.parts:
             continue
         lines = page.read_text().split("\n")
