@@ -40,6 +40,8 @@ myst_heading_anchors = 4  # "[text](page.md#a-heading)" links, checked by the bu
 
 html_theme = "furo"
 html_title = "tasklock"
+# Quotes in the docs are code (option values, error messages): keep them straight.
+smartquotes = False
 html_static_path: list[str] = []
 
 autodoc_member_order = "bysource"

@@ -2,8 +2,8 @@
 
 * ``{tasklock-cli}``: the ``tasklock`` command's reference, rendered from its argparse parser
   at build time (``tasklock.cli.build_parser``), so the page cannot drift from the command.
-* ``{tasklock-options}``: every task option with its type, default, setting names, and the error
-  a bad value gets, the last computed by ``tasklock.config.check_options`` at build time (a bad
+* ``{tasklock-options}``: every task option with its type, default, and the error a bad value
+  gets, the last computed by ``tasklock.config.check_options`` at build time (a bad
   value that stops being refused fails the build).
 * The public-API check: every name in the ``__all__`` of every public module (``PUBLIC_MODULES``)
   must have its entry in the API reference; a missing one is a warning, which the strict build
@@ -93,15 +93,19 @@ BAD_VALUES: dict[str, Any] = {
 }
 
 
-def _cell(text: str, literal: bool = False) -> nodes.entry:
+Cell = list[tuple[str, bool]]  # (text, literal) parts of one table cell
+
+
+def _cell(parts: Cell) -> nodes.entry:
     entry = nodes.entry()
     paragraph = nodes.paragraph()
-    paragraph += nodes.literal(text=text) if literal else nodes.Text(text)
+    for text, literal in parts:
+        paragraph += nodes.literal(text=text) if literal else nodes.Text(text)
     entry += paragraph
     return entry
 
 
-def _table(headers: list[str], rows: list[list[tuple[str, bool]]]) -> nodes.table:
+def _table(headers: list[str], rows: list[list[Cell]]) -> nodes.table:
     table = nodes.table()
     group = nodes.tgroup(cols=len(headers))
     table += group
@@ -110,26 +114,26 @@ def _table(headers: list[str], rows: list[list[tuple[str, bool]]]) -> nodes.tabl
     head = nodes.thead()
     row = nodes.row()
     for header in headers:
-        row += _cell(header)
+        row += _cell([(header, False)])
     head += row
     group += head
     body = nodes.tbody()
     for cells in rows:
         row = nodes.row()
-        for text, literal in cells:
-            row += _cell(text, literal)
+        for cell in cells:
+            row += _cell(cell)
         body += row
     group += body
     return table
 
 
 class OptionsDirective(SphinxDirective):
-    """Every task option: type, default, its settings' names, and the error a bad value gets."""
+    """Every task option: its type, its default, and the error a bad value gets."""
 
     has_content = False
 
     def run(self) -> list[nodes.Node]:
-        from tasklock.config import DEFAULTS, TASK_ONLY_OPTIONS, check_options
+        from tasklock.config import DEFAULTS, check_options
 
         rows = []
         for name in DEFAULTS:
@@ -142,24 +146,20 @@ class OptionsDirective(SphinxDirective):
                 logger.warning("option %s=%r is no longer refused: pick a bad value", name, bad)
                 continue
             problem = problems[0]
-            error = f"ConfigurationError (Django: tasklock.{problem.code}): {problem.message}"
-            upper = name.upper()
-            settings = (
-                "task only"
-                if name in TASK_ONLY_OPTIONS
-                else f"tasklock_{name} / CELERY_TASKLOCK_{upper} / TASKLOCK['{upper}']"
-            )
             rows.append(
                 [
-                    (name, True),
-                    (OPTION_TYPES[name], False),
-                    (repr(DEFAULTS[name]), True),
-                    (settings, True),
-                    (f"{name}={bad!r}", True),
-                    (error, False),
+                    [(name, True)],
+                    [(OPTION_TYPES[name], True)],
+                    [(repr(DEFAULTS[name]), True)],
+                    [
+                        (f"{name}={bad!r}", True),
+                        (" raises ", False),
+                        ("ConfigurationError", True),
+                        (f" (Django: tasklock.{problem.code}): {problem.message}", False),
+                    ],
                 ]
             )
-        headers = ["option", "type", "default", "settings", "a bad value", "the error it gets"]
+        headers = ["option", "type", "default", "a bad value, and the error it gets"]
         return [_table(headers, rows)]
 
 
