@@ -63,6 +63,7 @@ FLUSH_INTERVAL = 1.0
 TOTALS_TTL = 7 * 24 * 3600
 #: Width of one rolling slot, and how long a slot is kept (the last day, and an hour's margin).
 BUCKET_SECONDS = 600
+#: How long a slot is kept, in seconds.
 BUCKET_TTL = 25 * 3600
 
 #: The fields every task has in ``tasklock stats --json`` (zero when nothing happened).
@@ -89,6 +90,7 @@ _EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 def totals_key(prefix: str, task: str) -> str:
+    """The key of a task's totals, in the task's cluster slot."""
     return f"{prefix}:{{{task}}}:stats"
 
 
@@ -97,6 +99,7 @@ def bucket_key(prefix: str, task: str, slot: int) -> str:
 
 
 def registry_key(prefix: str) -> str:
+    """The key of the set of task names that have counts."""
     return f"{prefix}:stats:tasks"
 
 

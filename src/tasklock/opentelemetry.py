@@ -102,7 +102,9 @@ __all__ = [
     "uninstrument",
 ]
 
+#: Name of the span around an execution-lock acquire, from its start to its outcome.
 ACQUIRE_SPAN = "tasklock.acquire"
+#: Name of the span around the body that holds the lock.
 HOLD_SPAN = "tasklock.hold"
 
 TASK = "tasklock.task"

@@ -22,6 +22,7 @@ configured from ``BENCH_REDIS_URL``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -177,6 +178,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=2000, help="calls per variant per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", help="also write the results to this file (docs/plots.py)")
     options = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
@@ -242,6 +244,27 @@ def main() -> None:
             f"{name:28} {enqueue:9.0f} {enqueue / base[1]:5.2f}x "
             f"{drain:11.0f} {drain / base[2]:5.2f}x {total:11.0f} {total / base[3]:5.2f}x "
             f"{cpu:10.0f} us"
+        )
+    if options.json:
+        Path(options.json).write_text(
+            json.dumps(
+                {
+                    "n": n,
+                    "rounds": options.rounds,
+                    "variants": {
+                        name: {
+                            "enqueue_per_s": enqueue,
+                            "drain_per_s": drain,
+                            "end_to_end_per_s": total,
+                            "worker_cpu_us_per_call": cpu,
+                            "drain_x_plain": drain / base[2],
+                            "end_to_end_x_plain": total / base[3],
+                        }
+                        for name, enqueue, drain, total, cpu in rows
+                    },
+                },
+                indent=2,
+            )
         )
 
 

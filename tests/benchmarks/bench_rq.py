@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import statistics
 import subprocess
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--n", type=int, default=1000, help="jobs per round, in-process worker")
     parser.add_argument("--fork-n", type=int, default=150, help="jobs per round, forking worker")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", help="also write the results to this file (docs/plots.py)")
     args = parser.parse_args(argv)
     with start_servers(1) as (server,):
         client = server.client()
@@ -220,6 +222,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for worker, label in (("simple", "SimpleWorker"), ("fork", "rq worker")):
         ratio = results[worker]["tasklock singleton"][2]
         print(f"{label:13} separate rounds {ratio:.3f}x   interleaved {mixed[worker]:.3f}x")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "rounds": args.rounds,
+                    "workers": {
+                        worker: {
+                            "variants": {
+                                name: {"enqueue_per_s": e, "drain_per_s": d, "drain_x_plain": x}
+                                for name, (e, d, x) in rows.items()
+                            },
+                            "interleaved_x_plain": mixed[worker],
+                        }
+                        for worker, rows in results.items()
+                    },
+                },
+                indent=2,
+            )
+        )
     return results
 
 

@@ -1,4 +1,4 @@
-"""tasklock for asyncio: the same locks, awaited on ``redis.asyncio`` clients.
+"""tasklock for asyncio: the same locks, awaited on ``redis.asyncio`` clients::
 
     import redis.asyncio as aioredis
     from tasklock.asyncio import Lock

@@ -99,7 +99,9 @@ def _in_setting_terms(problem: Problem, prefix: str) -> Problem:
     """Name the TASKLOCK key the user wrote ("TASKLOCK['TTL']: TTL must be ...")."""
     body = problem.message.removeprefix(prefix)
     option, key = problem.option, problem.option.upper()
-    hint = problem.hint or _FALLBACK_HINTS.get(option, "see the options table in the README")
+    hint = problem.hint or _FALLBACK_HINTS.get(
+        option, "see the options table in docs/reference/options.md"
+    )
     if problem.code == "E007":
         body, hint = "URL and URLS are both set", "keep URL for one Redis or URLS for Redlock"
     elif problem.code in _COMBINATIONS:  # about several keys: name each as the setting does

@@ -75,6 +75,7 @@ MAX_EXPIRY_MS = 2**62
 # is never before the value's (also on servers that read the clock anew for each command). "del"
 # deletes the value and keeps the fence key as a tombstone with the token (KEEPTTL: the expiry
 # the deleted value had, none if it had none).
+#: The script behind :func:`fenced_set` and :func:`fenced_delete` (one round trip each).
 FENCED_WRITE = Script(
     "fenced_write",
     """
