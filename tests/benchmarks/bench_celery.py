@@ -8,12 +8,15 @@ makes them on a socket held open, with no client library at all: no lock that ta
 in the worker can be faster than that row, however it is written.
 
 For each variant and round: enqueue N distinct calls into the variant's own queue while no worker
-consumes it (timed: the producer's cost), then tell one ``--pool=solo`` worker subprocess to consume
-that queue and time until the last result is stored (the worker's cost). The worker is the same
-process for every variant; rounds rotate the order so that no variant always runs first. Reported:
-the median rate of each phase, end to end (N / (enqueue + drain)), and the ratio to the plain task.
+consumes it (timed: the producer's cost), then tell one worker subprocess (``--pool solo``, or
+``--pool prefork`` with one child) to consume that queue and time until the last result is
+stored (the worker's cost). The worker is the same process for every variant; rounds rotate the
+order so that no variant always runs first. Reported: the median rate of each phase, end to end
+(N / (enqueue + drain)), the ratio to the plain task, the worker's CPU per call (with its pool's
+children), and tasklock's singleton against the floor task: targets >= 0.95x its rate, and at
+most 40 us of worker CPU per call beyond its CPU.
 
-    python tests/benchmarks/bench_celery.py [--n 2000] [--rounds 5]
+    python tests/benchmarks/bench_celery.py [--n 2000] [--rounds 5] [--pool solo|prefork]
 
 The script is also the worker's app module (``celery -A tests.benchmarks.bench_celery worker``),
 configured from ``BENCH_REDIS_URL``.
@@ -147,9 +150,17 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a worker (all its threads) and of its pool's child processes
+    (prefork), from /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # (a process that ended while we looked)
+            continue
+        if stat.parent.name == str(pid) or fields[1] == str(pid):  # the worker, or its child
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def one_round(
@@ -178,6 +189,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=2000, help="calls per variant per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--pool", choices=("solo", "prefork"), default="solo", help="the worker's pool"
+    )
     parser.add_argument("--json", help="also write the results to this file (docs/plots.py)")
     options = parser.parse_args()
 
@@ -197,8 +211,8 @@ def main() -> None:
         hostname = f"bench-{os.getpid()}@localhost"
         worker = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "tests.benchmarks.bench_celery", "worker",
-             "--pool=solo", "-Q", "bench_idle", "-n", hostname, "-l", "warning",
-             "--without-gossip", "--without-mingle", "--without-heartbeat"],
+             f"--pool={options.pool}", "-c", "1", "-Q", "bench_idle", "-n", hostname,
+             "-l", "warning", "--without-gossip", "--without-mingle", "--without-heartbeat"],
             env=env, cwd=ROOT,
         )  # fmt: skip
         try:
@@ -245,6 +259,7 @@ def main() -> None:
             f"{drain:11.0f} {drain / base[2]:5.2f}x {total:11.0f} {total / base[3]:5.2f}x "
             f"{cpu:10.0f} us"
         )
+    report_targets(rows)
     if options.json:
         Path(options.json).write_text(
             json.dumps(
@@ -266,6 +281,35 @@ def main() -> None:
                 indent=2,
             )
         )
+
+
+FLOOR_TASK = "plain + 2 redis-py round trips"
+SOCKET_FLOOR = "plain + 2 socket round trips"
+OURS = "tasklock singleton"
+
+
+def report_targets(rows: list[tuple[str, float, float, float, float]]) -> None:
+    """tasklock's singleton against the floor task (the same two round trips, made by the body
+    with redis-py), and the worker CPU per call it adds: beyond that task's, and beyond the
+    socket floor's (two round trips and no client library: what is left is tasklock's own
+    work, its key, token, scripts, watchdog, counts and logging, and its replies' parsing)."""
+    by_name = {name: row for name, *row in rows}
+    _, drain, total, cpu = by_name[OURS]
+    _, floor_drain, floor_total, floor_cpu = by_name[FLOOR_TASK]
+    socket_cpu = by_name[SOCKET_FLOOR][3]
+    print(f"\n{OURS} against the floor task ({FLOOR_TASK}):")
+    print(f"    drain {drain / floor_drain:.2f}x, end to end {total / floor_total:.2f}x")
+    print(
+        f"    worker CPU per call added: {cpu - floor_cpu:.0f} us beyond the floor task's, "
+        f"{cpu - socket_cpu:.0f} us beyond the socket floor's"
+    )
+    print("targets")
+    for label, ok in (
+        ("drain >= 0.95x the floor task", drain / floor_drain >= 0.95),
+        ("end to end >= 0.95x the floor task", total / floor_total >= 0.95),
+        ("CPU per call beyond the floor task's <= 40 us", cpu - floor_cpu <= 40),
+    ):
+        print(f"    {'met ' if ok else 'MISS'}  {label}")
 
 
 if __name__ == "__main__":

@@ -62,15 +62,18 @@ end
 -- The next fence (see ACQUIRE): the server's clock in microseconds (`time`: TIME's answer), or
 -- one more than the counter's last token where that is higher; the counter keeps it for
 -- `counter_ttl` ms. Returns it as a number and as text (string.format: Lua prints 15+ digit
--- numbers in exponent form).
+-- numbers in exponent form). One SET ... GET writes the clock's value and reads the last token
+-- (Redis 6.2+): in the common case, a clock ahead of the counter, that is the whole update;
+-- otherwise the counter is written again, with the last token + 1, before anything else runs.
 local function issue_fence(counter, time, counter_ttl)
   local fence = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  local last = tonumber(redis.call('GET', counter))
+  local text = string.format('%d', fence)
+  local last = tonumber(redis.call('SET', counter, text, 'PX', counter_ttl, 'GET'))
   if last and last >= fence then
     fence = last + 1
+    text = string.format('%d', fence)
+    redis.call('SET', counter, text, 'PX', counter_ttl)
   end
-  local text = string.format('%d', fence)
-  redis.call('SET', counter, text, 'PX', counter_ttl)
   return fence, text
 end
 -- A semaphore's live permits at `ms`: expired ones dropped, then `owner`'s fence when one of
