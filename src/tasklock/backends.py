@@ -40,6 +40,7 @@ __all__ = [
     "ETCD",
     "REDIS",
     "REGISTRY",
+    "ZOOKEEPER",
     "Backend",
     "Hooks",
     "MarkerStore",
@@ -164,10 +165,20 @@ ETCD = Backend(
     one_url_per_cluster=True,
 )
 
+ZOOKEEPER = Backend(
+    name="ZooKeeper",
+    schemes=("zookeeper", "zk"),
+    hooks="tasklock.zookeeper.backend",
+    ops="tasklock.ops.zookeeper_inspect",
+    extra="zookeeper",
+    example="zookeeper://zk1:2181,zk2:2181,zk3:2181/tasklock",
+    keeps_counts=False,
+    one_url_per_cluster=True,
+)
 
 #: Every backend, by URL scheme: the one place a scheme is looked up.
 REGISTRY: dict[str, Backend] = {
-    scheme: backend for backend in (REDIS, ETCD) for scheme in backend.schemes
+    scheme: backend for backend in (REDIS, ETCD, ZOOKEEPER) for scheme in backend.schemes
 }
 
 
