@@ -27,7 +27,10 @@ from tasklock.zookeeper.lock import LOCK, lock_directory, sequence_of
 
 __all__ = ["FENCE_NOTE", "STORE", "ZooKeeperStore", "check_url", "run_doctor"]
 
-FENCE_NOTE = "the fence is the holder node's creation zxid (ZooKeeper keeps no fence counter)"
+FENCE_NOTE = (
+    "none on ZooKeeper: the fence is the holder node's creation zxid, which ZooKeeper itself "
+    "keeps strictly increasing"
+)
 _SEMAPHORE = "semaphore"
 
 
