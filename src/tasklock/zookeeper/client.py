@@ -60,6 +60,8 @@ DEFAULT_PORT = 2181
 #: Seconds a session outlives its last heartbeat: how long a dead holder's lock stays held.
 DEFAULT_SESSION_TIMEOUT = 10.0
 _SCHEMES = ("zookeeper://", "zk://")
+#: Directories a client remembers as left empty (the oldest forgotten first).
+_ALONE_KEPT = 4096
 _EXAMPLE = "zookeeper://zk1:2181,zk2:2181,zk3:2181/tasklock"
 #: What kazoo raises when the ensemble does not answer.
 _UNREACHABLE = (
@@ -145,6 +147,8 @@ class Client:
         self._pid = os.getpid()
         #: (directory, marker) of creates whose answer was lost: deleted once the session is back.
         self._orphans: set[tuple[str, str]] = set()
+        #: Directories this client's last release left empty: the sequence expected next.
+        self._alone: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"<tasklock.zookeeper.Client {self.target.where}>"
@@ -237,6 +241,19 @@ class Client:
                 with contextlib.suppress(NoNodeError):
                     kazoo.delete_async(f"{directory}/{child}").get(timeout=self.request_timeout)
 
+    # -- what this client knows of a directory -----------------------------------------------
+    def expect_alone(self, directory: str, sequence: int) -> None:
+        """This client's last release in ``directory`` left it empty, and the next create there
+        gets ``sequence`` if nothing else changes its children (a lock's uncontended cycle then
+        needs no read: :meth:`tasklock.zookeeper.Lock._create`)."""
+        if len(self._alone) >= _ALONE_KEPT:
+            self._alone.pop(next(iter(self._alone)), None)
+        self._alone[directory] = sequence
+
+    def take_alone(self, directory: str) -> int | None:
+        """The sequence :meth:`expect_alone` noted for ``directory`` (once), or None."""
+        return self._alone.pop(directory, None)
+
     # -- requests ----------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
         """An absolute path under the chroot."""
@@ -247,6 +264,20 @@ class Client:
         unreachable ensemble is BackendUnavailable naming it and ``what``."""
         with self.errors(what):
             request = getattr(self.kazoo, f"{method}_async")(*args, **kwargs)
+            return request.get(timeout=self.request_timeout)
+
+    def send(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Send ``kazoo.<method>_async(...)`` without waiting; :meth:`answer` waits for it.
+        Requests sent back to back go in one round trip: ZooKeeper answers a session's requests
+        in the order they were sent, a read after a write seeing that write, so a
+        ``get_children`` sent right after a ``create`` lists the new node."""
+        with self.errors(what):
+            return getattr(self.kazoo, f"{method}_async")(*args, **kwargs)
+
+    def answer(self, what: str, request: Any) -> Any:
+        """The answer to a request :meth:`send` sent, within the request timeout (as
+        :meth:`call`)."""
+        with self.errors(what):
             return request.get(timeout=self.request_timeout)
 
     @contextlib.contextmanager

@@ -32,8 +32,8 @@ confirmation: they cannot make a node outlive its session.
 
 from __future__ import annotations
 
+import itertools
 import threading
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -54,6 +54,10 @@ from tasklock.zookeeper.client import Client, as_client
 __all__ = ["Lock", "Node", "Semaphore", "lock_directory", "sequence_of"]
 
 LOCK, PERMIT = "lock", "sem"
+#: How a contender's node is created: ephemeral, sequential, answered with its stat (czxid).
+_CREATE = {"ephemeral": True, "sequence": True, "include_data": True}
+#: Numbers the attempts of this process (with the token's random part: a node's marker).
+_attempts = itertools.count()
 
 
 def lock_directory(client: Client, name: str) -> str:
@@ -76,6 +80,10 @@ class Node:
     path: str
     czxid: int
     session: int
+    #: What it holds: the owner token it was created with.
+    data: bytes
+    #: The directory held this node alone right after its create (see ``_release_value``).
+    alone: bool = False
 
     @property
     def child(self) -> str:
@@ -143,24 +151,49 @@ class Lock(BaseLock):
         return "lock" if self._kind == LOCK else "semaphore"
 
     # -- acquire -------------------------------------------------------------------------------
-    def _create(self, token: str) -> Node:
-        marker = uuid.uuid4().hex[:16]
+    def _create(self, token: str) -> tuple[Node, list[str]]:
+        """A new node for ``token``, and the directory's children as of its create.
+
+        Usually the ``get_children`` goes right behind the create (one round trip, see
+        :meth:`Client.send`). When this client's last release in the directory left it empty,
+        it is not sent at all: the node's sequence number then says whether anyone came since
+        (:meth:`Client.expect_alone`), and only a surprise costs the read."""
+        # Unique per attempt (the token's random part and a counter), so that a node whose
+        # create was applied without its answer can be found by name (kazoo #732).
+        marker = f"{token_id(token)[:12]}{next(_attempts):x}"
         prefix = f"{self._dir}/{self._kind}-{marker}-"
+        client, what = self.client, self._acquiring
+        expected = client.take_alone(self._dir)
         try:
-            path, stat = self.client.call(
-                self._acquiring,
-                "create",
-                prefix,
-                token.encode(),
-                ephemeral=True,
-                sequence=True,
-                makepath=True,
-                include_data=True,
-            )
+            created = client.send(what, "create", prefix, token.encode(), **_CREATE)
+            listed = None if expected is not None else client.send(what, "get_children", self._dir)
+            try:
+                path, stat = client.answer(what, created)
+            except NoNodeError:  # the name's first create: make its directory, then again
+                client.call(what, "ensure_path", self._dir)
+                path, stat = client.call(what, "create", prefix, token.encode(), **_CREATE)
         except BaseException:
-            self.client.forget_later(self._dir, marker)  # (kazoo #732: applied, answer lost?)
+            client.forget_later(self._dir, marker)  # (kazoo #732: applied, answer lost?)
             raise
-        return Node(path, stat.czxid, stat.ephemeralOwner)
+        if listed is None and sequence_of(path) == expected:
+            # Nobody came since this client's last release: alone, with no read.
+            return Node(path, stat.czxid, stat.ephemeralOwner, token.encode(), True), [
+                path.rpartition("/")[2]
+            ]
+        node = Node(path, stat.czxid, stat.ephemeralOwner, token.encode())
+        try:
+            try:
+                if listed is None:
+                    raise NoNodeError
+                children = client.answer(what, listed)
+            except NoNodeError:  # (not sent, or sent before the create made the directory)
+                children = client.call(what, "get_children", self._dir)
+        except BaseException:
+            self._delete_quietly(node)
+            raise
+        if children == [node.child]:
+            node = Node(node.path, node.czxid, node.session, node.data, True)
+        return node, children
 
     def _position(self, node: Node, children: Sequence[str]) -> tuple[bool, str | None]:
         """Whether ``node`` holds among ``children``, and which node it then waits for (None:
@@ -176,15 +209,18 @@ class Lock(BaseLock):
 
     def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         tid = token_id(token)
-        node = self._queued.pop(tid, None) or self._create(token)
-        try:
-            children = self.client.call(self._acquiring, "get_children", self._dir)
-            held, ahead = self._position(node, children)
-        except BaseException:
-            self._delete_quietly(node)
-            raise
+        node = self._queued.pop(tid, None)
+        if node is None:
+            node, children = self._create(token)
+        else:
+            try:
+                children = self.client.call(self._acquiring, "get_children", self._dir)
+            except BaseException:
+                self._delete_quietly(node)
+                raise
+        held, ahead = self._position(node, children)
         if held:
-            value = self._value_of(node)
+            value = node.data + b"#%d" % node.czxid
             self._nodes[value] = node
             self._watch.pop(tid, None)
             return Attempt(True, value, node.czxid)
@@ -196,10 +232,6 @@ class Lock(BaseLock):
         self._queued[tid] = node
         self._watch[tid] = f"{self._dir}/{ahead}" if ahead else self._dir
         return Attempt(False)
-
-    def _value_of(self, node: Node) -> bytes:
-        data, _ = self.client.call(self._acquiring, "get", node.path)
-        return bytes(data) + b"#%d" % node.czxid
 
     def _early_waiter(self, token: str) -> _Waiter | None:
         return _WatchWaiter(self, token)  # (a watch costs nothing until the first failure)
@@ -231,15 +263,27 @@ class Lock(BaseLock):
         node = self._nodes.pop(value, None)
         if node is None:
             return False
-        return self._delete(node, f"releasing {self._kind_word} {self.name!r}")
+        if not self._delete(node, f"releasing {self._kind_word} {self.name!r}"):
+            return False
+        if node.alone:
+            # The directory held this node alone when it was read right after its create. The
+            # sequence ZooKeeper appends counts the creates in the directory (deletes do not
+            # move it), so if the next create there gets exactly the number after this one,
+            # nobody created a node meanwhile, every node there then was this one, and it is
+            # deleted: the new node is alone, with no read. Any other number (someone came; a
+            # server that counts otherwise) costs the read, never a wrong answer.
+            self.client.expect_alone(self._dir, sequence_of(node.child) + 1)
+        return True
 
     def _confirm(self, value: bytes, what: str) -> bool:
         """Whether the hold's node is still there, on its session (read through the leader)."""
         node = self._nodes.get(value)
         if node is None:
             return False
-        self.client.call(what, "sync", node.path)
-        stat = self.client.call(what, "exists", node.path)
+        synced = self.client.send(what, "sync", node.path)
+        exists = self.client.send(what, "exists", node.path)
+        self.client.answer(what, synced)
+        stat = self.client.answer(what, exists)
         return stat is not None and stat.czxid == node.czxid
 
     def _extend_value(self, value: bytes, seconds: float, replace: bool) -> bool:
