@@ -14,6 +14,8 @@ stores are timed without waiting for a disk) and one redis-server, all on loopba
   floor). The lock reaches it because an uncontended cycle sends only those two: its
   ``get_children`` is skipped when the node's sequence number proves the directory was empty
   (see ``tasklock.zookeeper.lock``);
+* ``zookeeper: lock, watchdog=False``: the same without the watchdog (on by default on
+  ZooKeeper), which is woken for every hold it is given;
 * ``etcd: lock`` and ``redis: lock`` and their floors (two bare range reads; ``SET NX PX`` +
   ``DEL``), for reference.
 
@@ -58,6 +60,7 @@ from tests.support.servers import HOST, start_servers  # noqa: E402
 from tests.support.zookeeper import ZooKeeperServer  # noqa: E402
 
 ZK_LOCK, ZK_FLOOR = "zookeeper: lock", "zookeeper: floor (create + delete)"
+ZK_QUIET = "zookeeper: lock, watchdog=False"
 ETCD_LOCK, ETCD_FLOOR = "etcd: lock", "etcd: 2 RTT floor (2 range)"
 REDIS_LOCK, REDIS_FLOOR = "redis: lock", "redis: SET NX PX + DEL"
 TARGET = 1.1
@@ -66,6 +69,7 @@ TARGET = 1.1
 def zookeeper_variants(url: str) -> tuple[dict[str, Callable[[], None]], Any]:
     client = tasklock.zookeeper.Client(url)
     lock = tasklock.zookeeper.Lock(client, "bench:zk:lock")
+    quiet = tasklock.zookeeper.Lock(client, "bench:zk:quiet", watchdog=False)
     kazoo = client.kazoo
     directory = client.path("tasklock", "bench-floor")
     kazoo.ensure_path(directory)
@@ -77,7 +81,7 @@ def zookeeper_variants(url: str) -> tuple[dict[str, Callable[[], None]], Any]:
         )
         kazoo.delete(path, version=0)
 
-    return {ZK_LOCK: lock_cycle(lock), ZK_FLOOR: floor}, client
+    return {ZK_LOCK: lock_cycle(lock), ZK_QUIET: lock_cycle(quiet), ZK_FLOOR: floor}, client
 
 
 def etcd_variants(url: str) -> tuple[dict[str, Callable[[], None]], Any]:
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_ratios(title, timed, ZK_FLOOR, "x floor", 36)
     pairs = {
         "zookeeper: lock / its floor": spread(samples, ZK_LOCK, ZK_FLOOR),
+        "zookeeper: watchdog=False / its floor": spread(samples, ZK_QUIET, ZK_FLOOR),
         "zookeeper: lock / etcd lock": spread(samples, ZK_LOCK, ETCD_LOCK),
         "zookeeper: lock / redis lock": spread(samples, ZK_LOCK, REDIS_LOCK),
         "etcd: lock / its floor": spread(samples, ETCD_LOCK, ETCD_FLOOR),

@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -60,6 +60,8 @@ DEFAULT_PORT = 2181
 #: Seconds a session outlives its last heartbeat: how long a dead holder's lock stays held.
 DEFAULT_SESSION_TIMEOUT = 10.0
 _SCHEMES = ("zookeeper://", "zk://")
+#: Where one member's URL ends and the next one's begins, in ``urls=[...]`` joined by commas.
+_MEMBER = re.compile(r"\s*,\s*(?=(?:zookeeper|zk)://)", re.IGNORECASE)
 #: Directories a client remembers as left empty (the oldest forgotten first).
 _ALONE_KEPT = 4096
 _EXAMPLE = "zookeeper://zk1:2181,zk2:2181,zk3:2181/tasklock"
@@ -98,16 +100,19 @@ def parse_url(url: str) -> Target:
     lowered = text.lower()
     if not lowered.startswith(_SCHEMES):
         raise _bad(url, "it must start with zookeeper:// (or zk://)")
+    members = _MEMBER.split(text)
+    if len(members) > 1:  # urls=[...] joined: one URL per member, each with the scheme
+        targets = [parse_url(member) for member in members]
+        if len({(t.chroot, t.session_timeout) for t in targets}) > 1:
+            raise _bad(url, "its members give different chroots or session timeouts")
+        every = tuple(dict.fromkeys(host for t in targets for host in t.hosts))
+        return Target(every, targets[0].chroot, targets[0].session_timeout)
     body = text.partition("://")[2]
     body, _, query = body.partition("?")
     hosts_part, slash, chroot = body.partition("/")
     hosts: list[str] = []
     for item in hosts_part.split(","):
         item = item.strip()
-        for scheme in _SCHEMES:  # (urls=[...] joined: every member repeats the scheme)
-            if item.lower().startswith(scheme):
-                item = item[len(scheme) :]
-        item = item.split("/", 1)[0]
         if not item:
             continue
         host, colon, port = item.rpartition(":") if ":" in item else (item, "", "")
@@ -261,37 +266,35 @@ class Client:
 
     def call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """``kazoo.<method>_async(*args, **kwargs)``, answered within the request timeout; an
-        unreachable ensemble is BackendUnavailable naming it and ``what``."""
-        with self.errors(what):
-            request = getattr(self.kazoo, f"{method}_async")(*args, **kwargs)
-            return request.get(timeout=self.request_timeout)
+        unreachable ensemble is BackendUnavailable naming it and ``what``. ZooKeeper's other
+        errors (NoNode, NodeExists, BadVersion) pass through for the caller to judge."""
+        return self.answer(what, self.send(what, method, *args, **kwargs))
 
     def send(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """Send ``kazoo.<method>_async(...)`` without waiting; :meth:`answer` waits for it.
         Requests sent back to back go in one round trip: ZooKeeper answers a session's requests
         in the order they were sent, a read after a write seeing that write, so a
         ``get_children`` sent right after a ``create`` lists the new node."""
-        with self.errors(what):
+        try:
             return getattr(self.kazoo, f"{method}_async")(*args, **kwargs)
+        except _UNREACHABLE as exc:
+            raise self.unreachable(what, exc) from exc
 
     def answer(self, what: str, request: Any) -> Any:
         """The answer to a request :meth:`send` sent, within the request timeout (as
-        :meth:`call`)."""
-        with self.errors(what):
-            return request.get(timeout=self.request_timeout)
-
-    @contextlib.contextmanager
-    def errors(self, what: str) -> Iterator[None]:
-        """kazoo's connection errors as BackendUnavailable; ZooKeeper's other errors (NoNode,
-        NodeExists, BadVersion) pass through for the caller to judge."""
+        :meth:`call`). (Plain try/except, not a context manager: this is on every request.)"""
         try:
-            yield
+            return request.get(timeout=self.request_timeout)
         except _UNREACHABLE as exc:
-            raise BackendUnavailable(
-                f"ZooKeeper ensemble {','.join(self.target.hosts)} unreachable while {what} "
-                f"({type(exc).__name__}: {exc or 'no answer'}): check that a majority of the "
-                "ensemble is up and reachable"
-            ) from exc
+            raise self.unreachable(what, exc) from exc
+
+    def unreachable(self, what: str, exc: BaseException) -> BackendUnavailable:
+        """The error for a request that got no answer."""
+        return BackendUnavailable(
+            f"ZooKeeper ensemble {','.join(self.target.hosts)} unreachable while {what} "
+            f"({type(exc).__name__}: {exc or 'no answer'}): check that a majority of the "
+            "ensemble is up and reachable"
+        )
 
     def close(self) -> None:
         with self._lock:
