@@ -2,7 +2,8 @@
 :class:`tasklock.ops.stores.Store` of an ensemble, its URL check and its doctor.
 
 Each name is a directory of contender nodes (see :mod:`tasklock.zookeeper.lock`); the holders are
-the first node (a lock) or the first ``limit`` permit nodes before any lock node. A hold's fence
+the first node (a lock) or the permit nodes within their limit before any lock node
+(:func:`~tasklock.zookeeper.lock.holders_among`); waiters are not listed. A hold's fence
 is its node's creation zxid, which ``show`` names (there is no fence counter, as on etcd). A
 release deletes the holder's node with the version that was read, so it removes exactly what was
 shown; the holder's watchdog then finds its node gone and reports the hold lost.
@@ -23,7 +24,7 @@ from tasklock.errors import BackendUnavailable, ConfigurationError
 from tasklock.ops.doctor import Check, Report, Status
 from tasklock.ops.inspect import KeyState, LockInfo, decode_key, newest_first, parse_lock_value
 from tasklock.zookeeper.client import Client, parse_url
-from tasklock.zookeeper.lock import LOCK, lock_directory, sequence_of
+from tasklock.zookeeper.lock import LOCK, holders_among, lock_directory, sequence_of
 
 __all__ = ["FENCE_NOTE", "STORE", "ZooKeeperStore", "check_url", "run_doctor"]
 
@@ -66,16 +67,12 @@ class ZooKeeperStore:
         except NoNodeError:
             return []
         held: list[tuple[str, bytes, Any]] = []
-        for index, child in enumerate(children):
-            if child.startswith(LOCK + "-") and index > 0:
-                break
+        for child in holders_among(children):
             try:
                 data, stat = self.client.call(what, "get", f"{directory}/{child}")
             except NoNodeError:
                 continue
             held.append((child, bytes(data), stat))
-            if child.startswith(LOCK + "-"):
-                break
         permits = sum(1 for child, _, _ in held if not child.startswith(LOCK + "-"))
         infos = []
         for child, data, stat in held:

@@ -34,11 +34,15 @@ from tasklock.errors import BackendUnavailable, ConfigurationError
 try:
     from kazoo.client import KazooClient, KazooState
     from kazoo.exceptions import (
+        BadVersionError,
         ConnectionClosedError,
         ConnectionLoss,
+        NodeExistsError,
         NoNodeError,
+        NotEmptyError,
         OperationTimeoutError,
         SessionExpiredError,
+        ZookeeperError,
     )
     from kazoo.handlers.threading import KazooTimeoutError
 except ImportError as exc:  # pragma: no cover - depends on the installation
@@ -65,6 +69,8 @@ _MEMBER = re.compile(r"\s*,\s*(?=(?:zookeeper|zk)://)", re.IGNORECASE)
 #: Directories a client remembers as left empty (the oldest forgotten first).
 _ALONE_KEPT = 4096
 _EXAMPLE = "zookeeper://zk1:2181,zk2:2181,zk3:2181/tasklock"
+#: ZooKeeper's answers a caller judges itself (the node is gone, is there, has moved on).
+_ANSWERS = (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError)
 #: What kazoo raises when the ensemble does not answer.
 _UNREACHABLE = (
     ConnectionLoss,
@@ -177,13 +183,14 @@ class Client:
         negotiated = _catch_negotiated(kazoo)
         try:
             kazoo.start(timeout=self.connect_timeout)
-        except KazooTimeoutError:
+        except Exception as exc:
             kazoo.stop()
             kazoo.close()
+            why = "" if isinstance(exc, KazooTimeoutError) else f" ({type(exc).__name__}: {exc})"
             raise BackendUnavailable(
                 f"ZooKeeper ensemble {','.join(target.hosts)} unreachable: no server answered "
-                f"within {self.connect_timeout:g} s (check the hosts and ports in the URL, and "
-                "that a majority of the ensemble is up)"
+                f"within {self.connect_timeout:g} s{why} (check the hosts and ports in the URL, "
+                "and that a majority of the ensemble is up)"
             ) from None
         try:
             self._check_session(kazoo, negotiated)
@@ -287,6 +294,14 @@ class Client:
             return request.get(timeout=self.request_timeout)
         except _UNREACHABLE as exc:
             raise self.unreachable(what, exc) from exc
+        except _ANSWERS:
+            raise
+        except ZookeeperError as exc:  # (NoAuth, AuthFailed, InvalidACL, ...): said, not raw
+            raise BackendUnavailable(
+                f"ZooKeeper ensemble {','.join(self.target.hosts)} refused {what}: "
+                f"{type(exc).__name__} {exc}: check the ACLs and authentication of "
+                f"{self.target.chroot or '/'}"
+            ) from exc
 
     def unreachable(self, what: str, exc: BaseException) -> BackendUnavailable:
         """The error for a request that got no answer."""

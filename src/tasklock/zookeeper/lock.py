@@ -4,12 +4,12 @@ reconnects).
 
 Layout: every contender for ``name`` creates an ephemeral sequential node in the directory
 ``<chroot>/tasklock/locks/<name, percent-encoded>``, named ``lock-<marker>-<seq>`` or
-``sem-<marker>-<seq>`` (``marker``: random per attempt, so a create whose answer was lost can be
-found again and deleted), holding the holder's owner token. In sequence order:
+``sem<limit>-<marker>-<seq>`` (``marker``: unique per attempt, so a create whose answer was lost
+can be found again and deleted), holding the holder's owner token. In sequence order:
 
-* a ``lock-`` node holds when it is the first; a ``sem-`` node holds when fewer than ``limit``
-  nodes come before it and none of them is a ``lock-`` node. So a Lock and a Semaphore of one
-  name exclude each other, and the queue is first come, first served.
+* a ``lock-`` node holds when it is the first; a ``sem<limit>-`` node holds when fewer than
+  ``limit`` nodes come before it and none of them is a ``lock-`` node. So a Lock and a Semaphore
+  of one name exclude each other, and the queue is first come, first served.
 * A waiter keeps its node and watches only the node just before it (no herd: a release wakes
   one waiter); a semaphore waiter watches the directory, as any of ``limit`` holders leaving
   may let it in.
@@ -51,7 +51,7 @@ from tasklock.core.scripting import Script
 from tasklock.core.watchdog import Renewal
 from tasklock.zookeeper.client import Client, as_client
 
-__all__ = ["Lock", "Node", "Semaphore", "lock_directory", "sequence_of"]
+__all__ = ["Lock", "Node", "Semaphore", "holders_among", "lock_directory", "sequence_of"]
 
 LOCK, PERMIT = "lock", "sem"
 #: How a contender's node is created: ephemeral, sequential, answered with its stat (czxid).
@@ -71,6 +71,27 @@ def lock_directory(client: Client, name: str) -> str:
 def sequence_of(child: str) -> int:
     """The sequence number ZooKeeper appended to a node's name (10 digits)."""
     return int(child[-10:])
+
+
+def holders_among(ordered: Sequence[str]) -> list[str]:
+    """The nodes that hold, of a directory's children in sequence order: a ``lock-`` node when
+    it is the first; a ``sem<limit>-`` node when no ``lock-`` node is before it and fewer than
+    its own ``limit`` nodes are (each permit's limit is in its name, so a reader needs no
+    other state)."""
+    held: list[str] = []
+    for index, child in enumerate(ordered):
+        if child.startswith(LOCK + "-"):
+            if index == 0:
+                held.append(child)
+            break
+        if index < _limit_of(child):
+            held.append(child)
+    return held
+
+
+def _limit_of(child: str) -> int:
+    digits = child[len(PERMIT) : child.find("-")]
+    return int(digits) if digits.isdigit() else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +127,11 @@ class Lock(BaseLock):
     _kind = LOCK
     #: How many may hold at once (a Lock: one).
     limit = 1
+
+    @property
+    def _prefix(self) -> str:
+        """The first part of a contender's node name: ``lock``, or ``sem<limit>``."""
+        return LOCK if self._kind == LOCK else f"{PERMIT}{self.limit}"
 
     def __init__(
         self,
@@ -161,7 +187,7 @@ class Lock(BaseLock):
         # Unique per attempt (the token's random part and a counter), so that a node whose
         # create was applied without its answer can be found by name (kazoo #732).
         marker = f"{token_id(token)[:12]}{next(_attempts):x}"
-        prefix = f"{self._dir}/{self._kind}-{marker}-"
+        prefix = f"{self._dir}/{self._prefix}-{marker}-"
         client, what = self.client, self._acquiring
         expected = client.take_alone(self._dir)
         try:
@@ -205,7 +231,7 @@ class Lock(BaseLock):
         if self._kind == LOCK:
             return not ahead, ahead[-1] if ahead else ""
         blocked = any(child.startswith(LOCK + "-") for child in ahead) or len(ahead) >= self.limit
-        return not blocked, ""  # a permit waiter watches the directory
+        return not blocked, ""  # a permit waiter watches the directory (any holder may leave)
 
     def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         tid = token_id(token)
@@ -313,14 +339,7 @@ class Lock(BaseLock):
 
     def _holding(self) -> list[str]:
         """The nodes that hold now, in order."""
-        held: list[str] = []
-        for index, child in enumerate(self._children(f"reading {self._kind_word} {self.name!r}")):
-            if child.startswith(LOCK + "-"):
-                if index == 0:
-                    held.append(child)
-                break
-            held.append(child)
-        return held
+        return holders_among(self._children(f"reading {self._kind_word} {self.name!r}"))
 
     def locked(self) -> bool:
         """True if the name is held by anyone (a lock, or any permit of a semaphore of it)."""
