@@ -120,3 +120,12 @@ def test_a_missing_chroot_and_mixed_backends_are_named(
     code, _, err = run("doctor", "--urls", url, "redis://localhost:6379/0")
     assert code == 2
     assert "mixes Redis and ZooKeeper URLs" in err
+
+
+def test_stats_and_the_exporter_say_zookeeper_keeps_no_fleet_counts(url: str, run: Run) -> None:
+    code, out, err = run("stats", "--url", url)
+    assert (code, out) == (2, "")
+    assert "is ZooKeeper, and fleet counts live in Redis" in err
+    code, out, err = run("exporter", "--url", url, "--port", "9")
+    assert (code, out) == (2, "")
+    assert "names ZooKeeper, and the exporter reads fleet counts and locks from Redis" in err
