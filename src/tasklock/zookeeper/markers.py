@@ -76,7 +76,10 @@ class Markers:
                 return None
             except (BadVersionError, NoNodeError):
                 continue
-        return None
+        # Lost every race (markers of this key written and expiring as fast as we read them):
+        # whoever holds it now is the twin; none at all, and this claim counts as made.
+        found = self._read(path, what)
+        return found[0] if found is not None and found[2] >= 0 and found[0] != task_id else None
 
     def renew(self, key: str, task_id: str, ttl_ms: int, what: str) -> str | None:
         """:meth:`claim`, and a full ``ttl_ms`` from now for a marker that names ``task_id``."""

@@ -179,3 +179,31 @@ def test_django_tasklock_url_may_name_zookeeper(monkeypatch: pytest.MonkeyPatch)
         assert Guard(settle, "app.dj_zk", {}).options.url == zk
     with override_settings(TASKLOCK={"URL": zk, "RATE": "5/s"}):
         assert "tasklock.E016" in {m.id for m in run_checks(tags=["tasklock"])}
+
+
+def test_ha_beat_elects_one_scheduler_on_zookeeper(
+    url: str, redis_server: Any, tmp_path: Any
+) -> None:
+    from celery import Celery
+
+    from tasklock.celery import LeaderScheduler
+
+    def beat(number: int) -> LeaderScheduler:
+        app = Celery("tl_zk_beat", broker=redis_server.url)
+        app.conf.update(tasklock_url=url, tasklock_beat_ttl=1)
+        return LeaderScheduler(app, schedule_filename=str(tmp_path / f"s{number}"), max_interval=1)
+
+    first, second = beat(1), beat(2)
+    try:
+        assert type(first.leader._lock).__module__ == "tasklock.zookeeper.lock"
+        first.tick()
+        assert first.leader.is_leader
+        second.tick()  # a standby: it waits for the leader's release, then campaigns again
+        assert not second.leader.is_leader
+        term = first.leader.fence
+        first.close()  # resigns: the standby takes over at its next tick
+        second.tick()
+        assert second.leader.is_leader
+        assert (second.leader.fence or 0) > (term or 0)
+    finally:
+        second.close()
