@@ -81,3 +81,18 @@ def test_the_zookeeper_url_parser() -> None:
     ]:
         with pytest.raises(ConfigurationError, match=words):
             parse_url(bad)
+
+
+def test_kazoo_stays_optional() -> None:
+    """``import tasklock`` (the registry, the CLI's stores, tasklock.asyncio) imports no kazoo;
+    only a ZooKeeper URL's first use does."""
+    from tests.unit.test_package import fresh_python
+
+    code = (
+        "import sys, tasklock, tasklock.asyncio, tasklock.backends, tasklock.ops.stores\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kazoo'"
+        " or 'zookeeper' in m))\n"
+        "tasklock.backends.backend_for('zookeeper://h:2181').load_hooks()\n"
+        "print('kazoo' in sys.modules)"
+    )
+    assert fresh_python(code) == ["[]", "True"]
