@@ -1,25 +1,32 @@
-"""Where a task's locks and markers live: Redis (``url``/``urls``, the default) or etcd
-(``url="etcd://h1:2379,h2:2379,h3:2379"``).
+"""Where a task's locks and markers live: the one registry of backends, chosen by URL scheme.
 
-The task policy (:mod:`tasklock.guard`, :mod:`tasklock.pending`) is the same on both stores;
-this module is the one place that knows which store a URL names, which lock class serves it, and
-how an enqueue-time marker is claimed, renewed and cleared there. ``import tasklock`` does not
-import httpx: the etcd half is imported only when a task's URL names etcd.
+Every store tasklock runs on is a :class:`Backend` entry in :data:`REGISTRY`, looked up by the
+scheme of a URL (:func:`backend_for`), as ``limits`` looks up a storage by its ``STORAGE_SCHEME``
+and tooz a coordination driver by its URL. The task policy (:mod:`tasklock.guard`,
+:mod:`tasklock.pending`, :mod:`tasklock.leader`, beat, the exporter, the admin page and the
+``tasklock`` commands) asks the entry what it needs and never tests a scheme itself:
 
-What etcd does not serve, refused with a clear error when the options are resolved:
+* Redis (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``, ``redis+sentinel://``,
+  and ``urls=[...]`` for Redlock) is the built-in entry :data:`REDIS`, the default for any other
+  scheme (whose errors then come from Redis's URL parser). Its locks need the task's own client
+  (the broker's Redis when no URL is set), so the task layer builds them itself.
+* Every other backend names a *hooks* module in its own package (``tasklock.etcd.backend``,
+  ``tasklock.zookeeper.backend``: :class:`Hooks`), imported only when a URL names it, so
+  ``import tasklock`` imports neither httpx nor kazoo; and an *ops* module
+  (``tasklock.ops.etcd_inspect``, ...) that ``tasklock ls/show/release/doctor`` and the admin
+  page read through. Adding a backend is its package, its ops module and one entry here.
 
-* ``rate``: the rate limit is one Lua script on one Redis; a rate-limited task keeps a Redis
-  ``url``.
-* ``urls``: that is Redlock, a quorum of independent Redis masters. An etcd cluster is already a
-  quorum: list its members in one ``url``.
-* ``ttl`` below 1 s: etcd's leases are whole seconds (a TTL is rounded up, never down).
+What a backend other than Redis does not serve is said per backend by its hooks'
+``option_problems`` (etcd and ZooKeeper: no ``rate``, which is a Lua script on one Redis), and
+refused with a clear error when the options are resolved.
 """
 
 from __future__ import annotations
 
-import threading
+import importlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from tasklock.core.connection import backend_errors
 from tasklock.core.scripts import CLAIM, DELETE_IF
@@ -28,108 +35,255 @@ from tasklock.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from tasklock.core.base import BaseLock
-    from tasklock.etcd.client import Client
 
 __all__ = [
-    "ETCD_RATE_HINT",
-    "ETCD_RATE_PROBLEM",
-    "ETCD_URLS_PROBLEM",
+    "ETCD",
+    "REDIS",
+    "REGISTRY",
+    "ZOOKEEPER",
+    "Backend",
+    "Hooks",
     "MarkerStore",
     "RedisMarkers",
-    "etcd_client",
-    "etcd_cluster_url",
-    "etcd_lock",
-    "etcd_markers",
-    "etcd_option_problems",
-    "etcd_url_problem",
-    "is_etcd_url",
+    "backend_for",
+    "cluster_url",
+    "external_lock",
+    "external_markers",
+    "is_external",
     "is_redlock",
+    "option_problems",
     "url_problems",
 ]
-
-_ETCD_SCHEMES = ("etcd://", "etcds://")
-
-ETCD_RATE_PROBLEM = (
-    "rate with an etcd url is refused: a rate limit is one script on one Redis, which etcd "
-    "cannot run"
-)
-ETCD_RATE_HINT = "give the rate-limited task a Redis url=, or drop rate for this task"
-ETCD_URLS_PROBLEM = (
-    "urls mixes etcd and Redis URLs: list the members of one etcd cluster (every URL etcd://) or "
-    "the independent Redis masters of Redlock (none etcd://)"
-)
-
-
-def is_etcd_url(url: object) -> bool:
-    """Whether ``url`` names etcd (``etcd://`` or ``etcds://``) rather than Redis."""
-    return isinstance(url, str) and url.lstrip()[:8].lower().startswith(_ETCD_SCHEMES)
-
-
-def etcd_cluster_url(urls: object) -> str | None:
-    """``urls`` as one etcd URL when every item names etcd (``urls=["etcd://a:2379",
-    "etcd://b:2379"]`` lists the members of one cluster, as ``url="etcd://a:2379,b:2379"``
-    does); None for anything else."""
-    if isinstance(urls, list | tuple) and urls and all(is_etcd_url(url) for url in urls):
-        return ",".join(str(url).strip() for url in urls)
-    return None
-
-
-def is_redlock(urls: object) -> bool:
-    """Whether ``urls`` names Redlock's masters (not the members of an etcd cluster)."""
-    return urls is not None and etcd_cluster_url(urls) is None
-
 
 Problem = tuple[str, str, str, str]  # (option, message, hint, check code)
 
 
+class MarkerStore(Protocol):
+    """The three operations :class:`tasklock.pending.PendingMarkers` needs of a store. ``what``
+    says what the caller was doing, for the BackendUnavailable it raises when the store is
+    unreachable."""
+
+    def claim(self, key: str, task_id: str, ttl_ms: int, what: str) -> str | None: ...
+
+    def renew(self, key: str, task_id: str, ttl_ms: int, what: str) -> str | None: ...
+
+    def delete_if(self, key: str, task_id: str, what: str) -> bool: ...
+
+
+class Hooks(Protocol):
+    """What a backend's hooks module (``tasklock.<backend>.backend``) provides."""
+
+    def url_problem(self, option: str, url: str) -> str | None:
+        """What is wrong with ``url`` given as ``option``, or None."""
+        ...
+
+    def option_problems(self, options: Mapping[str, Any]) -> list[Problem]:
+        """(option, message, hint, check code) for each task option the backend cannot serve."""
+        ...
+
+    def lock(self, url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
+        """The execution lock (``limit`` > 1: a semaphore of that many permits on the same
+        name), with :class:`tasklock.Lock`'s keyword arguments (``fence_key`` may be given and
+        is dropped where the store's own ordering is the fence)."""
+        ...
+
+    def markers(self, url: str) -> MarkerStore:
+        """The enqueue-marker store on ``url``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One registry entry: a store tasklock runs on, and where its code lives."""
+
+    #: The store's name in messages ("Redis", "etcd", "ZooKeeper").
+    name: str
+    #: The URL schemes that select it (lower case, without ``://``).
+    schemes: tuple[str, ...]
+    #: The module of its :class:`Hooks` (None: Redis, built into the task layer).
+    hooks: str | None
+    #: The module in :mod:`tasklock.ops` with ``check_url``, its ``Store`` class (``STORE``
+    #: names it) and ``run_doctor``, for the ``tasklock`` commands and the admin page.
+    ops: str
+    #: The pip extra that installs its client library ("" when none is needed).
+    extra: str
+    #: An example URL, for hints.
+    example: str
+    #: Whether the fleet's counts (``tasklock stats``, the exporter, the admin page's counts)
+    #: are kept there; else tasks count in each process only (:mod:`tasklock.stats`).
+    keeps_counts: bool
+    #: Whether one URL lists a whole cluster after commas (never split into several URLs).
+    one_url_per_cluster: bool
+
+    @property
+    def external(self) -> bool:
+        """Whether the backend's locks come from its hooks (every backend but Redis)."""
+        return self.hooks is not None
+
+    def load_hooks(self) -> Hooks:
+        """The hooks module; without the client library, a ConfigurationError that says what
+        to install (rather than an ImportError from deep inside)."""
+        assert self.hooks is not None, f"{self.name} has no hooks module"
+        try:
+            return cast(Hooks, importlib.import_module(self.hooks))
+        except ImportError as exc:
+            raise ConfigurationError(self.missing(exc)) from None
+
+    def load_ops(self) -> Any:
+        """The ops module (``check_url``, ``STORE``, ``run_doctor``), as :meth:`load_hooks`."""
+        try:
+            return importlib.import_module(self.ops)
+        except ImportError as exc:
+            raise ConfigurationError(self.missing(exc)) from None
+
+    def missing(self, exc: ImportError) -> str:
+        """The message for a client library that is not installed."""
+        return (
+            f"{self.name} URLs need the {self.extra} extra ({exc}): "
+            f"pip install 'tasklock[{self.extra}]'"
+        )
+
+
+REDIS = Backend(
+    name="Redis",
+    schemes=("redis", "rediss", "unix", "redis+cluster", "redis+sentinel"),
+    hooks=None,
+    ops="tasklock.ops.stores",
+    extra="",
+    example="redis://localhost:6379/0",
+    keeps_counts=True,
+    one_url_per_cluster=False,
+)
+ETCD = Backend(
+    name="etcd",
+    schemes=("etcd", "etcds"),
+    hooks="tasklock.etcd.backend",
+    ops="tasklock.ops.etcd_inspect",
+    extra="etcd",
+    example="etcd://h1:2379,h2:2379",
+    keeps_counts=False,
+    one_url_per_cluster=True,
+)
+
+ZOOKEEPER = Backend(
+    name="ZooKeeper",
+    schemes=("zookeeper", "zk"),
+    hooks="tasklock.zookeeper.backend",
+    ops="tasklock.ops.zookeeper_inspect",
+    extra="zookeeper",
+    example="zookeeper://zk1:2181,zk2:2181,zk3:2181/tasklock",
+    keeps_counts=False,
+    one_url_per_cluster=True,
+)
+
+#: Every backend, by URL scheme: the one place a scheme is looked up.
+REGISTRY: dict[str, Backend] = {
+    scheme: backend for backend in (REDIS, ETCD, ZOOKEEPER) for scheme in backend.schemes
+}
+
+
+def backend_for(url: object) -> Backend:
+    """The backend ``url``'s scheme names; :data:`REDIS` for anything else (a client object, a
+    list of Redlock masters, a URL Redis's parser will then judge)."""
+    if not isinstance(url, str):
+        return REDIS
+    scheme, sep, _ = url.strip().partition("://")
+    return REGISTRY.get(scheme.lower(), REDIS) if sep else REDIS
+
+
+def is_external(url: object) -> bool:
+    """Whether ``url`` names a backend other than Redis (etcd, ZooKeeper)."""
+    return backend_for(url).external
+
+
+def external_lock(url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
+    """The execution lock on the (non-Redis) backend ``url`` names."""
+    return backend_for(url).load_hooks().lock(url, key, limit, **common)
+
+
+def external_markers(url: str) -> MarkerStore:
+    """The enqueue-marker store on the (non-Redis) backend ``url`` names."""
+    return backend_for(url).load_hooks().markers(url)
+
+
+def cluster_url(urls: object) -> str | None:
+    """``urls`` as one URL when every item names the same backend that lists a cluster in one
+    URL (``urls=["etcd://a:2379", "etcd://b:2379"]`` is ``url="etcd://a:2379,b:2379"``); None
+    for anything else."""
+    if not isinstance(urls, list | tuple) or not urls:
+        return None
+    backends = {backend_for(url) for url in urls}
+    if len(backends) != 1 or not next(iter(backends)).one_url_per_cluster:
+        return None
+    return ",".join(str(url).strip() for url in urls)
+
+
+def is_redlock(urls: object) -> bool:
+    """Whether ``urls`` names Redlock's masters (not the members of one cluster)."""
+    return urls is not None and cluster_url(urls) is None
+
+
+def _url_problem(option: str, url: object) -> str | None:
+    backend = backend_for(url)
+    if backend.external:
+        try:
+            hooks = backend.load_hooks()
+        except ConfigurationError as exc:
+            return f"{option}={url!r} names {backend.name}, and {exc}"
+        return hooks.url_problem(option, str(url))
+    try:
+        validate_url(url, option, etcd_too=True)
+    except ConfigurationError as exc:
+        return str(exc)
+    return None
+
+
+def _mix_problem(urls: Sequence[Any]) -> str:
+    names = sorted({backend_for(url).name for url in urls if backend_for(url).external})
+    return (
+        f"urls mixes {' and '.join(names)} and Redis URLs: list the members of one "
+        f"{names[0]} cluster (every URL {backend_for(urls[0]).schemes[0]}://) or the independent "
+        "Redis masters of Redlock (none of another backend)"
+        if len(names) == 1
+        else f"urls mixes {', '.join(names)} URLs: list the members of one cluster"
+    )
+
+
 def url_problems(url: object, urls: object) -> list[Problem]:
     """What is wrong with the ``url`` and ``urls`` options (one layer), in the words
-    decoration-time validation uses: each URL checked part by part (a Redis URL by
-    :func:`tasklock.core.urls.validate_url`, an etcd one by its endpoint parser)."""
+    decoration-time validation uses: each URL checked part by part by its backend (a Redis URL
+    by :func:`tasklock.core.urls.validate_url`, any other by its hooks' ``url_problem``)."""
     problems: list[Problem] = []
     if url is not None:
-        message = _one_url_problem("url", url)
+        message = _url_problem("url", url)
         if message:
-            hint = (
-                "e.g. etcd://h1:2379,h2:2379"
-                if is_etcd_url(url)
-                else "e.g. redis://localhost:6379/0"
-            )
-            problems.append(("url", message, hint, "E006"))
+            problems.append(("url", message, f"e.g. {backend_for(url).example}", "E006"))
     if urls is None:
         return problems
     if isinstance(urls, str) or not isinstance(urls, Sequence) or not urls:
         problems.append(
             ("urls", f"urls must be a non-empty list of Redis URLs, got {urls!r}", "", "E006")
         )
-    elif (cluster := etcd_cluster_url(urls)) is not None:
-        message = etcd_url_problem("urls", cluster)
+    elif (cluster := cluster_url(urls)) is not None:
+        message = _url_problem("urls", cluster)
         if message:
-            hint = "e.g. urls=['etcd://etcd1:2379', 'etcd://etcd2:2379']"
+            first = backend_for(cluster).example.partition(",")[0]
+            hint = f"e.g. urls=['{first}', ...]"
             problems.append(("urls", message, hint, "E006"))
-    elif any(is_etcd_url(item) for item in urls):
-        problems.append(("urls", ETCD_URLS_PROBLEM, "", "E006"))
+    elif any(is_external(item) for item in urls):
+        problems.append(("urls", _mix_problem(urls), "", "E006"))
     else:
         problems.extend(_redlock_problems(urls))
     return problems
 
 
-def _one_url_problem(option: str, value: object, *, single_server: bool = False) -> str | None:
-    if is_etcd_url(value) and not single_server:
-        return etcd_url_problem(option, str(value))
-    try:
-        validate_url(value, option, single_server=single_server, etcd_too=not single_server)
-    except ConfigurationError as exc:
-        return str(exc)
-    return None
-
-
 def _redlock_problems(urls: Sequence[Any]) -> list[Problem]:
     problems: list[Problem] = []
     for index, url in enumerate(urls):
-        message = _one_url_problem(f"urls[{index}]", url, single_server=True)
-        if message:
-            problems.append(("urls", message, "e.g. redis://node-1:6379/0", "E006"))
+        try:
+            validate_url(url, f"urls[{index}]", single_server=True)
+        except ConfigurationError as exc:
+            problems.append(("urls", str(exc), "e.g. redis://node-1:6379/0", "E006"))
     if len(set(urls)) != len(urls):
         problems.append(("urls", f"urls lists the same server twice: {list(urls)!r}", "", "E006"))
     elif len(urls) % 2 == 0:
@@ -146,88 +300,19 @@ def _redlock_problems(urls: Sequence[Any]) -> list[Problem]:
     return problems
 
 
-def etcd_option_problems(options: Mapping[str, Any]) -> list[Problem]:
-    """(option, message, hint, check code) for each option etcd cannot serve, when ``options``
-    (one layer, or all merged) name etcd in ``url`` or ``urls``."""
-    if not (is_etcd_url(options.get("url")) or etcd_cluster_url(options.get("urls"))):
+def option_problems(options: Mapping[str, Any]) -> list[Problem]:
+    """(option, message, hint, check code) for each option the backend that ``options`` (one
+    layer, or all merged) name in ``url`` or ``urls`` cannot serve."""
+    url = options.get("url")
+    if not is_external(url):
+        url = cluster_url(options.get("urls"))
+    if url is None or not is_external(url):
         return []
-    problems: list[Problem] = []
-    if options.get("rate") is not None:
-        problems.append(("rate", ETCD_RATE_PROBLEM, ETCD_RATE_HINT, "E016"))
-    ttl = options.get("ttl")
-    if isinstance(ttl, int | float) and not isinstance(ttl, bool) and 0 < ttl < 1:
-        problems.append(
-            (
-                "ttl",
-                f"ttl={ttl!r} with an etcd url: etcd leases are whole seconds, at least 1",
-                "set ttl=1 or more for a task on etcd",
-                "E017",
-            )
-        )
-    return problems
-
-
-def etcd_url_problem(option: str, url: str) -> str | None:
-    """What is wrong with an etcd URL given as ``option``, or None."""
     try:
-        from tasklock.etcd import protocol
-    except ImportError:
-        return (
-            f"{option}={url!r} names etcd, and tasklock's etcd backend needs httpx: "
-            "pip install 'tasklock[etcd]'"
-        )
-    try:
-        protocol.parse_endpoints(url)
-    except ConfigurationError as exc:
-        return f"{option}: {exc}"
-    return None
-
-
-# -- etcd clients and locks ----------------------------------------------------------------------
-_clients: dict[str, Client] = {}
-_clients_lock = threading.Lock()
-
-
-def etcd_client(url: str) -> Client:
-    """One :class:`tasklock.etcd.Client` per URL per process (it is thread-safe, and makes its
-    own connections again in a forked child)."""
-    client = _clients.get(url)
-    if client is None:
-        from tasklock.etcd.client import Client
-
-        with _clients_lock:
-            client = _clients.get(url)
-            if client is None:
-                client = _clients[url] = Client(url)
-    return client
-
-
-def etcd_lock(url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
-    """The execution lock on etcd: a :class:`tasklock.etcd.Lock`, or with ``limit`` > 1 a
-    :class:`tasklock.etcd.Semaphore` of that many permits on the same name (the two exclude
-    each other there too). ``fence_key`` is dropped: etcd's revision is the fence."""
-    common.pop("fence_key", None)
-    client = etcd_client(url)
-    if limit is not None and limit > 1:
-        from tasklock.etcd import Semaphore
-
-        return Semaphore(client, key, limit, **common)
-    from tasklock.etcd import Lock
-
-    return Lock(client, key, **common)
-
-
-# -- enqueue-time markers ------------------------------------------------------------------------
-class MarkerStore(Protocol):
-    """The three operations :class:`tasklock.pending.PendingMarkers` needs of a store. ``what``
-    says what the caller was doing, for the BackendUnavailable it raises when the store is
-    unreachable."""
-
-    def claim(self, key: str, task_id: str, ttl_ms: int, what: str) -> str | None: ...
-
-    def renew(self, key: str, task_id: str, ttl_ms: int, what: str) -> str | None: ...
-
-    def delete_if(self, key: str, task_id: str, what: str) -> bool: ...
+        hooks = backend_for(url).load_hooks()
+    except ConfigurationError:
+        return []  # (url_problems says what to install)
+    return hooks.option_problems(options)
 
 
 class RedisMarkers:
@@ -258,16 +343,3 @@ class RedisMarkers:
     def delete_if(self, key: str, task_id: str, what: str) -> bool:
         with backend_errors(self.client, what):
             return bool(DELETE_IF(self.client, (key,), (task_id,)))
-
-
-_etcd_markers: dict[str, MarkerStore] = {}
-
-
-def etcd_markers(url: str) -> MarkerStore:
-    """The marker store on the etcd cluster ``url`` names."""
-    store = _etcd_markers.get(url)
-    if store is None:
-        from tasklock.etcd.markers import Markers
-
-        store = _etcd_markers.setdefault(url, Markers(etcd_client(url)))
-    return store

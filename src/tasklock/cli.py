@@ -4,10 +4,12 @@ Semaphores too: ``ls`` lists each live permit as a row of its own, ``show`` of a
 lists its permits, and ``release`` of one takes ``--fence`` or ``--token`` to name the permit (a
 semaphore has several holders, so "release it" would be ambiguous); it never deletes the set.
 
-Redis or etcd: an ``etcd://`` or ``etcds://`` URL (``etcd://h1:2379,h2:2379``) selects etcd,
-any other a Redis. The commands are written once against :class:`tasklock.ops.stores.Store`, so
-their text, ``--json``, confirmations and exit codes are the same on both, and scripts work on
-either (on etcd the fence is the key's create revision; ``show`` says there is no counter).
+Redis, etcd or ZooKeeper: the URL's scheme chooses the backend in the registry
+(:mod:`tasklock.backends`): ``etcd://h1:2379,h2:2379`` (``etcds://``) selects etcd,
+``zookeeper://h1:2181,h2:2181/chroot`` ZooKeeper, any other a Redis. The commands are written
+once against :class:`tasklock.ops.stores.Store`, so their text, ``--json``, confirmations and
+exit codes are the same on each, and scripts work on any (on etcd the fence is the key's create
+revision, on ZooKeeper the holder node's czxid; ``show`` says there is no counter).
 
 Several Redis nodes: ``ls`` on a ``redis+cluster://`` URL lists every master's keys. With
 ``--urls`` (Redlock's masters) ``ls`` reads every master and shows each holder of a key once, with
@@ -23,7 +25,8 @@ etcd URL, ``exporter`` without prometheus_client). Expected errors are one line 
 what is wrong and what to do; no tracebacks.
 
 URLs: ``--url`` or ``--urls`` (``ls``, ``stats``, ``doctor``, ``exporter``), else
-``$TASKLOCK_URLS`` (comma-separated; an etcd URL there is one cluster, its hosts comma-separated)
+``$TASKLOCK_URLS`` (comma-separated; an etcd or ZooKeeper URL there is one cluster, its hosts
+comma-separated)
 for those commands, else ``$TASKLOCK_URL``, else ``redis://localhost:6379/0``.
 
 Keys: ``ls`` prints each key as one line of printable text (backslash escapes for bytes that are

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasklock.backends import etcd_cluster_url, etcd_option_problems, is_redlock, url_problems
+from tasklock.backends import cluster_url, is_redlock, option_problems, url_problems
 from tasklock.core.base import MAX_TTL
 from tasklock.core.rates import RatePlan
 from tasklock.errors import ConfigurationError
@@ -127,7 +127,7 @@ def check_options(
     found.extend(_rate_problems(options, source))
     found.extend(
         Problem(option, f"{source}: {message}", hint, code)
-        for option, message, hint, code in etcd_option_problems(options)
+        for option, message, hint, code in option_problems(options)
     )
     _watchdog_off_warning(options, found)
     _argument_problems(options, found)
@@ -460,7 +460,7 @@ def _check_merged(merged: Mapping[str, Any], sources: Mapping[str, str]) -> None
             "fencing with limit=None: fence tokens come with the execution lock, which limit=None "
             f"turns off [{named('limit', 'fencing')}] (keep limit=1 for a fenced task)"
         )
-    for option, message, hint, _ in etcd_option_problems(merged):
+    for option, message, hint, _ in option_problems(merged):
         raise ConfigurationError(f"{message} [{named(option, 'url')}] ({hint})")
     if merged.get("rate") is not None:
         if merged.get("urls") is not None:
@@ -500,9 +500,9 @@ def resolve_options(
                 merged.pop("urls" if name == "url" else "url", None)
             merged[name] = value
             sources[name] = source
-    cluster = etcd_cluster_url(merged.get("urls"))
+    cluster = cluster_url(merged.get("urls"))
     if cluster is not None:
-        # The members of one etcd cluster, listed: the same as url="etcd://a:2379,b:2379".
+        # The members of one cluster (etcd, ZooKeeper), listed: the same as one url naming them.
         merged["url"], sources["url"] = cluster, sources.pop("urls", "defaults")
         del merged["urls"]
     _check_merged(merged, sources)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from tasklock import fleet, observe, stats
-from tasklock.backends import etcd_lock, is_etcd_url
+from tasklock.backends import backend_for, external_lock
 from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
 from tasklock.core.base import BaseLock
 from tasklock.core.clock import clock
@@ -169,6 +169,8 @@ class Guard(PendingMarkers):
                 )
         self._options: TaskOptions | None = None
         self._options_lock = threading.Lock()
+        #: What every call's lock on one Redis is copied from (see :meth:`lock_for`).
+        self._lock_template: Lock | None = None
         _guards.add(self)
 
     # -- configuration ---------------------------------------------------------------------------
@@ -188,6 +190,7 @@ class Guard(PendingMarkers):
         """Forget resolved options (Django's override_settings, tests)."""
         with self._options_lock:
             self._options = None
+            self._lock_template = None
 
     def _client(self) -> Any:
         options = self.options
@@ -219,7 +222,8 @@ class Guard(PendingMarkers):
         """The execution lock object for ``key``: a :class:`~tasklock.Lock` (a Redlock when
         ``urls`` is configured), or with ``limit`` > 1 a :class:`~tasklock.Semaphore` of that
         many permits at the same key (never with ``urls``: validation refuses that). With an
-        ``etcd://`` url, their etcd counterparts (:func:`tasklock.backends.etcd_lock`).
+        ``etcd://`` or ``zookeeper://`` url, that backend's lock
+        (:func:`tasklock.backends.external_lock`).
 
         A Lock and a Semaphore on one key exclude each other, so a deployment that moves a
         task's ``limit`` between 1 and N never runs more bodies than either allows while old and
@@ -235,8 +239,8 @@ class Guard(PendingMarkers):
             "on_lost": self._on_lost,
             "owner_info": owner,
         }
-        if options.url is not None and is_etcd_url(options.url):
-            return etcd_lock(options.url, key, options.limit, **common)
+        if options.url is not None and backend_for(options.url).external:
+            return external_lock(options.url, key, options.limit, **common)
         if options.urls:
             from tasklock.core.redlock import Redlock
 
@@ -246,9 +250,16 @@ class Guard(PendingMarkers):
             return redlock
         client = self._client()
         fleet.bind(self.name, client, options.key_prefix)
-        if options.limit is not None and options.limit > 1:
-            return Semaphore(client, key, options.limit, **common)
-        return Lock(client, key, **common)
+        template = self._lock_template
+        if template is None or template.redis is not client:
+            # Made (and its options checked) once per client; every call's lock is a copy of it
+            # for the call's key (Lock.for_name). The template itself is never acquired.
+            if options.limit is not None and options.limit > 1:
+                template = Semaphore(client, key, options.limit, **common)
+            else:
+                template = Lock(client, key, **common)
+            self._lock_template = template
+        return template.for_name(key, owner_info=owner)
 
     def _on_lost(self, lock: BaseLock) -> None:
         stats.increment("lost", self.name)
@@ -500,7 +511,7 @@ class Guard(PendingMarkers):
         exporter and the admin page showed nothing for it. A task that uses no Redis at all
         (limit=None, no rate, none configured) has nowhere to write them."""
         options = self.options
-        if options.url is not None and is_etcd_url(options.url):
+        if not backend_for(options.url).keeps_counts:
             return
         try:
             client = self._client()

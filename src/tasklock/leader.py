@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from tasklock.backends import etcd_client, is_etcd_url
+from tasklock.backends import backend_for, external_lock
 from tasklock.core.base import BaseLock, Number
 from tasklock.core.connection import client_for_url
 from tasklock.core.lease import check_seconds
@@ -229,8 +229,11 @@ class Leader:
 def _check_store(store: Any) -> None:
     """A ConfigurationError naming ``store`` unless it is something a Leader can be built on."""
     if isinstance(store, str):
-        if not is_etcd_url(store):
+        backend = backend_for(store)
+        if not backend.external:
             validate_url(store, "Leader store", etcd_too=True)
+        elif problem := backend.load_hooks().url_problem("Leader store", store):
+            raise ConfigurationError(problem)
     elif isinstance(store, Sequence) and not isinstance(store, bytes):
         if not store:
             raise ConfigurationError(
@@ -262,10 +265,8 @@ def _leadership_lock(
         "on_lost": on_lost,
         "owner_info": owner_info,
     }
-    if isinstance(store, str) and is_etcd_url(store):
-        from tasklock.etcd import Lock as EtcdLock
-
-        return EtcdLock(etcd_client(store), name, **options)
+    if isinstance(store, str) and backend_for(store).external:
+        return external_lock(store, name, None, **options)
     if isinstance(store, str):
         return Lock(client_for_url(store), name, **options)
     if isinstance(store, Sequence) and not isinstance(store, bytes):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tasklock import fleet, stats
-from tasklock.backends import MarkerStore, RedisMarkers, etcd_markers, is_etcd_url
+from tasklock.backends import MarkerStore, RedisMarkers, backend_for, external_markers
 from tasklock.config import TaskOptions
 from tasklock.core.base import BaseLock
 from tasklock.core.clock import clock
@@ -53,8 +53,8 @@ class PendingMarkers:
         options = self.options
         if options.urls:
             client = client_for_url(options.urls[0])
-        elif options.url is not None and is_etcd_url(options.url):
-            return etcd_markers(options.url)
+        elif options.url is not None and backend_for(options.url).external:
+            return external_markers(options.url)
         else:
             client = self._client()
         fleet.bind(self.name, client, options.key_prefix)  # enqueue dedupes are counted too

@@ -79,7 +79,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
     ) from exc
 
 from tasklock import fleet, observe
-from tasklock.backends import is_etcd_url
+from tasklock.backends import backend_for
 from tasklock.core.connection import client_for_url
 from tasklock.core.urls import validate_url
 from tasklock.ops.inspect import LockInfo, list_locks
@@ -123,10 +123,11 @@ def _targets(target: Any) -> list[Any]:
     if not items:
         raise ValueError("Collector needs at least one Redis URL or client")
     for item in items:
-        if is_etcd_url(item):
+        backend = backend_for(item)
+        if not backend.keeps_counts:
             raise ValueError(
-                "tasks on etcd keep their counts in process only (no fleet counts to collect): "
-                "use instrument() in their workers instead"
+                f"tasks on {backend.name} keep their counts in process only (no fleet counts to "
+                "collect): use instrument() in their workers instead"
             )
         if isinstance(item, str):
             validate_url(item, "url")

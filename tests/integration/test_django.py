@@ -9,6 +9,7 @@ redis-server and follow ``TASKLOCK`` alone.
 
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import os
@@ -238,8 +239,12 @@ def test_several_wrong_settings_give_one_message_each() -> None:
 def test_every_code_tasklock_config_can_report_is_documented() -> None:
     from tasklock.django.checks import CHECK_IDS
 
-    # The options' problems live in tasklock.config, and those of the etcd backend beside it.
+    # The options' problems live in tasklock.config, and those of each backend in its hooks
+    # module (tasklock.etcd.backend, ...), which the registry in tasklock.backends names.
+    hooks = {entry.hooks for entry in backends.REGISTRY.values() if entry.hooks}
     source = Path(config.__file__).read_text() + Path(backends.__file__).read_text()
+    for module in sorted(hooks):
+        source += Path(str(importlib.import_module(module).__file__)).read_text()
     codes = set(re.findall(r'"([EW]\d{3})"', source))
     assert codes, "tasklock.config no longer names its problem codes as string literals"
     assert {f"tasklock.{code}" for code in codes} | {"tasklock.E009"} == set(CHECK_IDS)

@@ -486,6 +486,48 @@ def test_etcd_locks_are_listed_and_released_the_same_way(
     assert not second.locked()
 
 
+@pytest.fixture(scope="module")
+def zookeeper_url() -> Iterator[str]:
+    """A standalone ZooKeeper for the module (skipped, naming the install command, without it)."""
+    pytest.importorskip("kazoo")
+    from tests.support.zookeeper import ZooKeeperServer
+
+    server = ZooKeeperServer()
+    server.start()
+    try:
+        yield server.url() + "?session_timeout=1"
+    finally:
+        server.close()
+
+
+def test_zookeeper_locks_are_listed_and_released_the_same_way(
+    zookeeper_url: str, admin_client: Client
+) -> None:
+    from tasklock.zookeeper import Lock as ZooKeeperLock
+
+    first = ZooKeeperLock(zookeeper_url, "zk-report", owner_info={"task": "job-7"})
+    assert first.acquire(blocking=False)
+    with override_settings(TASKLOCK={"URL": zookeeper_url}):
+        page = admin_client.get(PAGE).content.decode()
+        assert "ZooKeeper keeps no fleet counts" in page
+        row = rows(page)["zk-report"]
+        assert (row["task"], row["fence"]) == ("job-7", str(first.fence))
+        first.release()  # taken again between the page and the click: refused
+        second = ZooKeeperLock(zookeeper_url, "zk-report", owner_info={"task": "job-8"})
+        assert second.acquire(blocking=False)
+        form = {"key": row["post_key"], "value": row["post_value"]}
+        refused = admin_client.post(RELEASE, form, follow=True)
+        assert "changed since you looked" in messages_of(refused)[0]
+        row = rows(refused.content.decode())["zk-report"]
+        assert row["task"] == "job-8"
+        released = admin_client.post(
+            RELEASE, {"key": row["post_key"], "value": row["post_value"]}, follow=True
+        )
+        assert messages_of(released)[0].startswith("Released 'zk-report'")
+        assert rows(released.content.decode()) == {}
+    assert not second.locked()
+
+
 # -- nothing to read: an error box, not a 500 ----------------------------------------------------
 
 

@@ -33,4 +33,5 @@ def cyclic_garbage() -> Iterator[list[str]]:
 
 
 def _ours(thing: object) -> bool:
-    return type(thing).__module__.startswith("tasklock")
+    module = getattr(type(thing), "__module__", None)  # (a metaclass's may be a descriptor)
+    return isinstance(module, str) and module.startswith("tasklock")

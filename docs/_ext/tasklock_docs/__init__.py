@@ -30,6 +30,8 @@ PUBLIC_MODULES = [
     "tasklock.asyncio",
     "tasklock.asyncio.etcd",
     "tasklock.etcd",
+    "tasklock.zookeeper",
+    "tasklock.asyncio.zookeeper",
     "tasklock.celery",
     "tasklock.rq",
     "tasklock.fencing",

@@ -25,7 +25,8 @@ __all__ = ["AsyncLostFlag", "Lock", "RateLimit", "Redlock", "Semaphore"]
 
 
 def __getattr__(name: str) -> Any:
-    # tasklock.asyncio.etcd imports httpx (an optional dependency): loaded on first use only.
-    if name == "etcd":
-        return importlib.import_module("tasklock.asyncio.etcd")
+    # tasklock.asyncio.etcd imports httpx, tasklock.asyncio.zookeeper kazoo (optional
+    # dependencies): each loaded on first use only.
+    if name in ("etcd", "zookeeper"):
+        return importlib.import_module(f"tasklock.asyncio.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,7 +40,7 @@ from typing import Any
 
 from celery.utils.imports import symbol_by_name
 
-from tasklock.backends import is_etcd_url
+from tasklock.backends import backend_for
 from tasklock.config import resolve_options
 from tasklock.core.connection import client_for_url
 from tasklock.core.lease import check_seconds
@@ -108,7 +108,7 @@ def _store(app: Any) -> tuple[Any, Any | None]:
     if options.urls:
         return list(options.urls), None
     if options.url is not None:
-        if is_etcd_url(options.url):
+        if backend_for(options.url).external:
             return options.url, None
         client = client_for_url(options.url)
         return client, client

@@ -44,7 +44,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from tasklock import fleet
-from tasklock.backends import is_etcd_url
+from tasklock.backends import backend_for
 from tasklock.config import resolve_options
 from tasklock.django.models import HeldLock
 from tasklock.errors import TaskLockError
@@ -236,8 +236,11 @@ def read_snapshot(match: bytes = b"*", window: str = "total") -> Snapshot:
                 row.info = info
             if info.ttl_ms is not None and (row.ttl_ms is None or info.ttl_ms < row.ttl_ms):
                 row.ttl_ms = info.ttl_ms  # the copy that expires first
-        if is_etcd_url(url):
-            snapshot.stats_note = "etcd keeps no fleet counts: each process counts in memory only."
+        backend = backend_for(url)
+        if not backend.keeps_counts:
+            snapshot.stats_note = (
+                f"{backend.name} keeps no fleet counts: each process counts in memory only."
+            )
             continue
         try:
             per_node.append(_read_counts(url, target.option, target.key_prefix, window))

@@ -4,7 +4,8 @@ and reading the fleet's counts.
 Kept apart from :mod:`tasklock.cli` (which only parses arguments and prints) so the logic can be
 used and tested without a command line:
 
-* :mod:`tasklock.ops.stores`: where a command looks (Redis or etcd, by the URL), which URLs it
+* :mod:`tasklock.ops.stores`: where a command looks (the backend the URL's scheme names in
+  :mod:`tasklock.backends`), which URLs it
   was given, and the :class:`~tasklock.ops.stores.Store` every command is written against;
 * :mod:`tasklock.ops.inspect`: reads Redis lock keys (and the form keys are printed and typed in);
 * :mod:`tasklock.ops.permits`: reads and releases a Semaphore's permits on Redis;
@@ -14,6 +15,7 @@ used and tested without a command line:
   :mod:`tasklock.prometheus`;
 * :mod:`tasklock.ops.doctor` and :mod:`tasklock.ops.etcd_doctor`: judge a Redis or etcd setup;
 * :mod:`tasklock.ops.etcd_inspect`: the etcd store;
+* :mod:`tasklock.ops.zookeeper_inspect`: the ZooKeeper store and doctor;
 * :mod:`tasklock.ops.permissions`: what a Redis ACL user may do, for the doctor;
 * :mod:`tasklock.ops.render`: the text people read (tables, details, reports);
 * :mod:`tasklock.ops.options`: the command's option types.

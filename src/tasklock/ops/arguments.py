@@ -28,7 +28,7 @@ def _add_url(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         metavar="URL",
-        help=f"Redis or etcd:// URL (default: ${URL_ENV}, else {DEFAULT_URL})",
+        help=f"Redis, etcd:// or zookeeper:// URL (default: ${URL_ENV}, else {DEFAULT_URL})",
     )
 
 
@@ -36,7 +36,7 @@ def _add_nodes(parser: argparse.ArgumentParser, *, etcd: bool = True) -> None:
     """``--url``, or ``--urls`` for Redlock's masters (which these commands read all of);
     ``etcd``: the command reads etcd too (the exporter does not)."""
     nodes = parser.add_mutually_exclusive_group()
-    etcd_form = " or etcd://h1,h2" if etcd else ""
+    etcd_form = " or etcd://h1,h2 or zookeeper://h1,h2/chroot" if etcd else ""
     nodes.add_argument(
         "--url",
         metavar="URL",
@@ -66,7 +66,8 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     that runs it (set as the parsed arguments' ``handler``)."""
     parser = argparse.ArgumentParser(
         prog="tasklock",
-        description="Inspect, release and check tasklock's locks on Redis or etcd; read and export "
+        description="Inspect, release and check tasklock's locks on Redis, etcd or ZooKeeper; read "
+        "and export "
         "the fleet's counts.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -139,10 +140,12 @@ def _add_doctor(sub: Subcommands, handlers: Mapping[str, Handler]) -> None:
     """``doctor``: checks of the setup, not of any one lock."""
     doctor = sub.add_parser(
         "doctor",
-        help="check a Redis or etcd setup for what can break locks",
+        help="check a Redis, etcd or ZooKeeper setup for what can break locks",
         description="Redis: eviction policy, persistence, replicas, version, latency and (for "
         "several nodes) clocks and duplicates. etcd: version, health, leader, members, a probe "
-        "lock and that every endpoint is one cluster. Exit status 1 when a check fails.",
+        "lock and that every endpoint is one cluster. ZooKeeper: a session (its timeout within "
+        "the servers' bounds, the chroot there), the version and a probe lock. Exit status 1 when "
+        "a check fails.",
     )
     _add_nodes(doctor)
     doctor.add_argument(

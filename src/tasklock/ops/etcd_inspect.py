@@ -54,6 +54,7 @@ from tasklock.ops.inspect import (
 
 __all__ = [
     "FENCE_NOTE",
+    "STORE",
     "EtcdStore",
     "check_url",
     "glob_prefix",
@@ -61,6 +62,7 @@ __all__ = [
     "open_client",
     "prefix_range",
     "release_hold_txn",
+    "run_doctor",
 ]
 
 #: Keys per range request: few round trips, and a bounded answer from etcd.
@@ -387,3 +389,15 @@ class EtcdStore:
         """1 when the permit was released (its delete wakes the semaphore's watchers), 0 when
         it changed since it was read."""
         return 1 if self.release(permit) else 0
+
+
+def run_doctor(urls: Sequence[str], option: str = "--url") -> Any:
+    """The etcd doctor (:mod:`tasklock.ops.etcd_doctor`), as the backend registry's ops module
+    offers it."""
+    from tasklock.ops.etcd_doctor import run_doctor as etcd_doctor
+
+    return etcd_doctor(urls, option)
+
+
+#: The :class:`tasklock.ops.stores.Store` of this backend, for the registry.
+STORE = EtcdStore

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tasklock.backends import backend_for
 from tasklock.errors import ConfigurationError
-from tasklock.ops.stores import is_etcd_url
 
 __all__ = ["serve_exporter"]
 
@@ -34,12 +34,14 @@ def serve_exporter(urls: Sequence[str], option: str, port: int, addr: str, prefi
     """Serve ``/metrics`` for ``urls`` (one Redis, a cluster, or Redlock's masters) until
     Ctrl-C. An etcd URL, or a missing prometheus_client, is a :class:`ConfigurationError`;
     an address that cannot be listened on is the OSError of the server."""
-    if any(is_etcd_url(url) for url in urls):
-        raise ConfigurationError(
-            f"{option} names etcd, and the exporter reads fleet counts and locks from Redis: "
-            "tasks on etcd keep their counts in process (export them from each worker with "
-            "tasklock.prometheus.instrument())"
-        )
+    for url in urls:
+        backend = backend_for(url)
+        if not backend.keeps_counts:
+            raise ConfigurationError(
+                f"{option} names {backend.name}, and the exporter reads fleet counts and locks "
+                f"from Redis: tasks on {backend.name} keep their counts in process (export them "
+                "from each worker with tasklock.prometheus.instrument())"
+            )
     try:
         prometheus: Any = importlib.import_module("tasklock.prometheus")
 

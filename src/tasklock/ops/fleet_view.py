@@ -21,11 +21,12 @@ from dataclasses import dataclass
 import redis.exceptions as redis_errors
 
 from tasklock import fleet
+from tasklock.backends import backend_for
 from tasklock.core.connection import backend_errors
 from tasklock.errors import BackendUnavailable, ConfigurationError
 from tasklock.ops.doctor import redact_url
 from tasklock.ops.render import counts_table
-from tasklock.ops.stores import connect, is_etcd_url
+from tasklock.ops.stores import connect
 
 __all__ = ["WINDOWS", "FleetCounts", "NodeCounts", "read_fleet", "stats_text"]
 
@@ -73,14 +74,15 @@ class FleetCounts:
         return f"{len(self.nodes)} Redlock masters"
 
 
-def _refuse_etcd(urls: Sequence[str], option: str) -> None:
+def _refuse_elsewhere(urls: Sequence[str], option: str) -> None:
     for url in urls:
-        if is_etcd_url(url):
+        backend = backend_for(url)
+        if not backend.keeps_counts:
             raise ConfigurationError(
-                f"{option}={redact_url(url)!r} is etcd, and fleet counts live in Redis: tasks on "
-                "etcd keep their counts in each process (tasklock.stats.snapshot(), or "
-                "tasklock.prometheus.instrument() to export them). Give the Redis URL your tasks "
-                "use"
+                f"{option}={redact_url(url)!r} is {backend.name}, and fleet counts live in Redis: "
+                f"tasks on {backend.name} keep their counts in each process "
+                "(tasklock.stats.snapshot(), or tasklock.prometheus.instrument() to export them). "
+                "Give the Redis URL your tasks use"
             )
 
 
@@ -94,7 +96,7 @@ def read_fleet(urls: Sequence[str], option: str, prefix: str, window: str) -> Fl
     """The counts on ``urls`` (one Redis, or Redlock's masters). With one URL a failure raises
     (:class:`BackendUnavailable`, as for every command); with several, a master that does not
     answer is recorded in its :class:`NodeCounts`, and only when none answers does it raise."""
-    _refuse_etcd(urls, option)
+    _refuse_elsewhere(urls, option)
     if len(urls) == 1:
         counts = _read(urls[0], option, prefix, window)
         return FleetCounts(window, prefix, [NodeCounts(redact_url(urls[0]), counts)])

@@ -1,11 +1,13 @@
-"""Where ``tasklock ls/show/release/doctor`` look: Redis or etcd, chosen by the URL's scheme.
+"""Where ``tasklock ls/show/release/doctor`` look: the backend the URL's scheme names in the
+registry (:mod:`tasklock.backends`).
 
 The commands in :mod:`tasklock.cli` are written once against :class:`Store`, so their text,
 their ``--json``, their confirmations and their exit codes are the same on both backends and a
 script written for one works on the other. :class:`RedisStore` wraps :mod:`tasklock.ops.inspect`
-and :mod:`tasklock.ops.permits`; the etcd store lives in :mod:`tasklock.ops.etcd_inspect`, and
-the etcd doctor in :mod:`tasklock.ops.etcd_doctor`. Both are imported only for an ``etcd://``
-URL, so a Redis-only installation needs no httpx.
+and :mod:`tasklock.ops.permits`; every other backend's store, URL check and doctor are in the
+ops module its registry entry names (``tasklock.ops.etcd_inspect``,
+``tasklock.ops.zookeeper_inspect``), imported only for a URL that names it, so a Redis-only
+installation needs neither httpx nor kazoo.
 
 Which URLs: :func:`resolve_url` and :func:`resolve_urls` apply the command line's order (the
 option, then ``$TASKLOCK_URLS`` / ``$TASKLOCK_URL``, then the default) for every command alike.
@@ -16,14 +18,13 @@ A Redis Cluster URL is read node by node where a command scans (SCAN has a curso
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import redis
 
-from tasklock.backends import is_etcd_url
+from tasklock.backends import backend_for
 from tasklock.core.connection import client_for_url
 from tasklock.core.urls import validate_url, without_query_option
 from tasklock.errors import ConfigurationError
@@ -53,7 +54,6 @@ __all__ = [
     "check_url",
     "connect",
     "doctor_for",
-    "is_etcd_url",
     "node_clients",
     "open_store",
     "resolve_url",
@@ -69,21 +69,12 @@ URLS_ENV = "TASKLOCK_URLS"
 Counters = tuple[dict[str, int | None], dict[str, str], list[dict[str, Any]]]
 
 
-def _etcd(module: str) -> Any:
-    """:mod:`tasklock.ops.etcd_inspect` or ``etcd_doctor``; without httpx, a usage error that
-    says what to install (rather than an ImportError traceback)."""
-    try:
-        return importlib.import_module(f"tasklock.ops.{module}")
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"etcd URLs need the etcd extra ({exc}): pip install 'tasklock[etcd]'"
-        ) from None
-
-
 def check_url(url: str, option: str) -> str:
-    """``url`` if it is a usable Redis or etcd URL, else a ConfigurationError naming ``option``."""
-    if is_etcd_url(url):
-        return str(_etcd("etcd_inspect").check_url(url, option))
+    """``url`` if it is a usable URL of its backend, else a ConfigurationError naming
+    ``option``."""
+    backend = backend_for(url)
+    if backend.external:
+        return str(backend.load_ops().check_url(url, option))
     return validate_url(url, option, etcd_too=True)
 
 
@@ -107,8 +98,8 @@ def split_urls(text: str) -> list[str]:
     """The URLs in a comma-separated list (``--urls a,b``, ``$TASKLOCK_URLS``). A comma also
     separates the hosts of one Redis Cluster or Sentinel URL (``redis+cluster://h1:1,h2:2``), so
     a part with no ``://`` of its own belongs to the URL before it. An etcd URL is one cluster,
-    its hosts after commas, so it is never split."""
-    if is_etcd_url(text.strip()):
+    its hosts after commas, so it is never split (nor is a ZooKeeper one)."""
+    if backend_for(text.strip()).one_url_per_cluster:
         return [text.strip()]
     urls: list[str] = []
     for part in (p.strip() for p in text.split(",")):
@@ -231,14 +222,15 @@ class RedisStore:
 
 
 def backend_of(store: Store) -> str:
-    """The name of the backend ``store`` reads, for messages: "Redis" or "etcd"."""
+    """The name of the backend ``store`` reads, for messages: "Redis", "etcd", "ZooKeeper"."""
     return str(getattr(store, "backend", "etcd"))
 
 
 def open_store(url: str, option: str) -> Store:
     """The store ``url`` names; ``option`` (``--url``, ``TASKLOCK_URL``) is named in errors."""
-    if is_etcd_url(url):
-        store: Store = _etcd("etcd_inspect").EtcdStore(url, option)
+    backend = backend_for(url)
+    if backend.external:
+        store: Store = backend.load_ops().STORE(url, option)
         return store
     return RedisStore(url, option)
 
@@ -248,13 +240,15 @@ def doctor_for(
 ) -> tuple[Report, Callable[[Report, bool], str]]:
     """Run the doctor for ``urls`` (Redis nodes, or the endpoints of one etcd cluster): the
     report and its text renderer. Mixing the two is a usage error."""
-    etcd = [url for url in urls if is_etcd_url(url)]
-    if not etcd:
+    backends = {backend_for(url) for url in urls}
+    if len(backends) > 1:
+        names = " and ".join(sorted((backend.name for backend in backends), key=str.lower))
+        raise ConfigurationError(f"{option} mixes {names} URLs: check one backend at a time")
+    backend = backends.pop()
+    if not backend.external:
         for url in urls:
             connect(url, option)  # a URL redis-py cannot parse is a usage error, before probing
         return run_doctor(urls, ttl=ttl), doctor_report
-    if len(etcd) != len(urls):
-        raise ConfigurationError(f"{option} mixes etcd and Redis URLs: check one backend at a time")
-    report = _etcd("etcd_doctor").run_doctor(urls, option)
-    title = f"tasklock doctor (etcd, {len(report.urls)} endpoint(s))"
+    report = backend.load_ops().run_doctor(urls, option)
+    title = f"tasklock doctor ({backend.name}, {len(report.urls)} endpoint(s))"
     return report, functools.partial(doctor_report, title=title)

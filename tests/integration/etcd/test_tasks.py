@@ -14,6 +14,7 @@ import pytest
 
 from tasklock import backends
 from tasklock.errors import BackendUnavailable, ConfigurationError, DuplicateTask
+from tasklock.etcd import backend as etcd_backend
 from tasklock.guard import Guard
 from tests.integration.etcd.conftest import EtcdServer
 from tests.support.guarding import check_singleton
@@ -226,8 +227,8 @@ def test_urls_listing_etcd_members_is_one_etcd_cluster(url: str) -> None:
 
 
 def test_the_etcd_client_is_shared_per_url(url: str) -> None:
-    assert backends.etcd_client(url) is backends.etcd_client(url)
-    assert backends.etcd_markers(url) is backends.etcd_markers(url)
+    assert etcd_backend.client(url) is etcd_backend.client(url)
+    assert backends.external_markers(url) is backends.external_markers(url)
 
 
 def test_limit_runs_n_at_once_on_etcd_and_excludes_the_lock(url: str) -> None:

@@ -1,0 +1,59 @@
+"""ZooKeeper's entry points for the backend registry (:mod:`tasklock.backends`): the hooks the
+task layer, ``Leader`` and the enqueue markers call for a ``zookeeper://`` URL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tasklock.core.base import BaseLock
+from tasklock.errors import ConfigurationError
+from tasklock.zookeeper.client import client_for, parse_url
+from tasklock.zookeeper.lock import Lock, Semaphore
+from tasklock.zookeeper.markers import Markers
+
+__all__ = ["lock", "markers", "option_problems", "url_problem"]
+
+_markers: dict[str, Markers] = {}
+
+
+def url_problem(option: str, url: str) -> str | None:
+    """What is wrong with a ZooKeeper URL given as ``option``, or None."""
+    try:
+        parse_url(url)
+    except ConfigurationError as exc:
+        return f"{option}: {exc}"
+    return None
+
+
+def option_problems(options: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(option, message, hint, check code) for each task option ZooKeeper cannot serve."""
+    if options.get("rate") is None:
+        return []
+    return [
+        (
+            "rate",
+            "rate with a zookeeper url is refused: a rate limit is one script on one Redis, "
+            "which ZooKeeper cannot run",
+            "give the rate-limited task a Redis url=, or drop rate for this task",
+            "E016",
+        )
+    ]
+
+
+def lock(url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
+    """The execution lock on ZooKeeper: a :class:`tasklock.zookeeper.Lock`, or with ``limit``
+    > 1 a :class:`tasklock.zookeeper.Semaphore`. ``fence_key`` is dropped: the node's creation
+    zxid is the fence."""
+    common.pop("fence_key", None)
+    if limit is not None and limit > 1:
+        return Semaphore(client_for(url), key, limit, **common)
+    return Lock(client_for(url), key, **common)
+
+
+def markers(url: str) -> Markers:
+    """The enqueue-marker store on the ensemble ``url`` names."""
+    store = _markers.get(url)
+    if store is None:
+        store = _markers.setdefault(url, Markers(client_for(url)))
+    return store
