@@ -21,7 +21,7 @@ from tasklock import stats
 from tasklock.celery import DUPLICATE, singleton_task
 from tasklock.guard import reset_all
 from tasklock.rq import META_KEY
-from tests.integration.celery.support import Gates
+from tests.integration.celery.support import Gates, configure, in_process_worker
 from tests.integration.rq import jobs
 from tests.integration.rq.support import QUEUE, drain, status
 from tests.support.polling import eventually
@@ -31,6 +31,7 @@ __all__ = [
     "StoreTasks",
     "celery_dedupes_enqueue",
     "celery_skips_a_duplicate",
+    "celery_worker",
     "define_tasks",
     "rq_markers_live_on_the_store",
     "rq_queue",
@@ -70,6 +71,15 @@ def define_tasks(app: Celery, prefix: str) -> StoreTasks:
         return account
 
     return StoreTasks(settle, deduped, gates)
+
+
+def celery_worker(app: Celery, redis_server: RedisServer, url: str) -> Iterator[Any]:
+    """The body of a module's ``worker`` fixture: an in-process worker of ``app`` with its broker
+    on Redis and ``tasklock_url`` naming the store's ``url``."""
+    configure(app, redis_server.url, tasklock_url=url)
+    with in_process_worker(app) as running:
+        yield running
+    reset_all()
 
 
 def celery_skips_a_duplicate(tasks: StoreTasks, redis_server: RedisServer, has: Has) -> None:

@@ -15,9 +15,7 @@ import pytest
 from celery import Celery
 from rq import Queue
 
-from tasklock.guard import reset_all
 from tests.integration import store_adapters as scenarios
-from tests.integration.celery.support import configure, in_process_worker
 from tests.integration.etcd.conftest import EtcdServer
 from tests.support.servers import RedisServer
 
@@ -39,10 +37,7 @@ def etcd_has(etcd: EtcdServer, key: str) -> bool:
 
 @pytest.fixture(scope="module")
 def worker(redis_server: RedisServer, etcd: EtcdServer) -> Iterator[Any]:
-    configure(app, redis_server.url, tasklock_url=etcd_url(etcd))
-    with in_process_worker(app) as running:
-        yield running
-    reset_all()
+    yield from scenarios.celery_worker(app, redis_server, etcd_url(etcd))
 
 
 def test_celery_skips_a_duplicate_with_increasing_fences_on_etcd(

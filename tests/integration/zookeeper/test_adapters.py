@@ -13,11 +13,9 @@ import pytest
 from celery import Celery
 from rq import Queue
 
-from tasklock.guard import reset_all
 from tasklock.zookeeper.client import client_for
 from tasklock.zookeeper.lock import lock_directory
 from tests.integration import store_adapters as scenarios
-from tests.integration.celery.support import configure, in_process_worker
 from tests.support.servers import RedisServer
 from tests.support.zookeeper import ZooKeeperServer
 
@@ -42,10 +40,7 @@ def zk_has(zookeeper: ZooKeeperServer, key: str) -> bool:
 
 @pytest.fixture(scope="module")
 def worker(redis_server: RedisServer, zookeeper: ZooKeeperServer) -> Iterator[Any]:
-    configure(app, redis_server.url, tasklock_url=zk_url(zookeeper))
-    with in_process_worker(app) as running:
-        yield running
-    reset_all()
+    yield from scenarios.celery_worker(app, redis_server, zk_url(zookeeper))
 
 
 def test_celery_skips_a_duplicate_with_increasing_fences_on_zookeeper(
