@@ -35,11 +35,13 @@ from collections.abc import Callable
 from typing import Any
 
 from tasklock.asyncio._base import AsyncBaseLock, _AsyncWaiter
+from tasklock.asyncio.batches import async_renewer
+from tasklock.core.batches import judge_hold
 from tasklock.core.lease import Attempt
 from tasklock.core.renewal import Renewal
 from tasklock.core.scripting import Script
 from tasklock.etcd.aclient import AsyncClient, as_async_client
-from tasklock.etcd.steps import LockSteps, WatchWaiter, drive_async, judge_keepalive, renewer_for
+from tasklock.etcd.steps import LockSteps, WatchWaiter, drive_async
 
 __all__ = ["AsyncClient", "Lock"]
 
@@ -76,12 +78,12 @@ class Lock(LockSteps[AsyncClient, AsyncBaseLock], AsyncBaseLock):
         return await drive_async(self.client, self._extend_steps(value, seconds, replace))
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
-        renewer = renewer_for(self.client, _AsyncKeepAliveBatch)
+        renewer = async_renewer(self.client, _keepalive_hold)
         return Renewal(
             self.name,
             self.ttl,
             [(renewer, _KEEPALIVE, (self.name,), (self, value))],
-            judge_keepalive,
+            judge_hold,
             on_lost,
         )
 
@@ -119,32 +121,14 @@ class _AsyncWatchWaiter(WatchWaiter):
 
 
 # -- watchdog ----------------------------------------------------------------------------------
-# The asyncio watchdog renews holds in batches, one per server, through the Redis-shaped
-# interface of tasklock.asyncio.scripts.run_batch: ``client.pipeline(transaction=False)``,
-# ``pipe.execute_command("EVALSHA", sha, numkeys, *keys, *args)`` and
-# ``await pipe.execute(raise_on_error=False)``. The batch below speaks it with keep-alives, so
-# etcd holds get the same scheduling, deadlines, late warnings and lost verdicts as Redis ones.
+# The asyncio watchdog renews etcd holds with one lease keep-alive each, through the per-hold
+# batches of tasklock.asyncio.batches (the same scheduling, deadlines, late warnings and lost
+# verdicts as Redis holds).
 
 _KEEPALIVE = Script("etcd lease keep-alive", "-- tasklock.asyncio.etcd keep-alive")
 
 
-class _AsyncKeepAliveBatch:
-    def __init__(self) -> None:
-        self._items: list[tuple[Lock, bytes]] = []
-
-    def execute_command(self, *args: Any) -> None:
-        # ("EVALSHA", sha, 1, name, lock, value): the call's args are (lock, value).
-        self._items.append((args[-2], args[-1]))
-
-    async def execute(self, raise_on_error: bool = False) -> list[Any]:
-        return list(await asyncio.gather(*(self._one(lock, value) for lock, value in self._items)))
-
-    @staticmethod
-    async def _one(lock: Lock, value: bytes) -> Any:
-        lease = lock._leases.get(value)
-        if lease is None:
-            return 0  # released meanwhile (its entry is cancelled: not judged)
-        try:
-            return await lock._keepalive(lease)
-        except Exception as exc:
-            return exc
+async def _keepalive_hold(lock: Lock, value: bytes) -> int:
+    """Keep the hold's lease alive: its TTL back, or 0 when it was released meanwhile."""
+    lease = lock._leases.get(value)
+    return 0 if lease is None else await lock._keepalive(lease)

@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tasklock.asyncio._base import AsyncBaseLock, _AsyncWaiter
+from tasklock.asyncio.batches import async_renewer
+from tasklock.core.batches import judge_hold
 from tasklock.core.lease import Attempt, Number
 from tasklock.core.owner import Holder, token_id
 from tasklock.core.renewal import Renewal
@@ -105,8 +107,8 @@ class Lock(AsyncBaseLock):
         return await asyncio.to_thread(self._steps._extend_value, value, seconds, replace)
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
-        call = (_renewer(self.client), _CONFIRM, (self.name,), (self, value))
-        return Renewal(self.name, self.ttl, [call], zk._judge, on_lost)
+        call = (async_renewer(self.client, _confirm_hold), _CONFIRM, (self.name,), (self, value))
+        return Renewal(self.name, self.ttl, [call], judge_hold, on_lost)
 
     async def locked(self) -> bool:
         return await asyncio.to_thread(self._steps.locked)
@@ -180,45 +182,16 @@ class _AsyncWatchWaiter:
 
 
 # -- watchdog ----------------------------------------------------------------------------------
-# The asyncio watchdog renews holds in batches through the Redis-shaped interface of
-# tasklock.asyncio.scripts.run_batch; the batch below speaks it with confirmations in threads.
+# The asyncio watchdog renews ZooKeeper holds with one confirmation each (in a thread), through
+# the per-hold batches of tasklock.asyncio.batches.
 
 _CONFIRM = Script("ZooKeeper hold confirmation", "-- tasklock.asyncio.zookeeper confirm")
 
 
-class _AsyncConfirmBatch:
-    def __init__(self) -> None:
-        self._items: list[tuple[Lock, bytes]] = []
-
-    def execute_command(self, *args: Any) -> None:
-        # ("EVALSHA", sha, 1, name, lock, value): the call's args are (lock, value).
-        self._items.append((args[-2], args[-1]))
-
-    async def execute(self, raise_on_error: bool = False) -> list[Any]:
-        return list(await asyncio.gather(*(self._one(lock, value) for lock, value in self._items)))
-
-    @staticmethod
-    async def _one(lock: Lock, value: bytes) -> Any:
-        steps = lock._steps
-        if value not in steps._nodes:
-            return 0  # released meanwhile (its entry is cancelled: not judged)
-        what = f"renewing {steps._kind_word} {lock.name!r}"
-        try:
-            return 1 if await asyncio.to_thread(steps._confirm, value, what) else 0
-        except Exception as exc:
-            return exc
-
-
-class _AsyncRenewer:
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def pipeline(self, transaction: bool = False) -> _AsyncConfirmBatch:
-        return _AsyncConfirmBatch()
-
-
-def _renewer(client: Client) -> _AsyncRenewer:
-    renewer: _AsyncRenewer | None = getattr(client, "_tasklock_async_renewer", None)
-    if renewer is None:
-        renewer = client._tasklock_async_renewer = _AsyncRenewer(client)  # type: ignore[attr-defined]
-    return renewer
+async def _confirm_hold(lock: Lock, value: bytes) -> int:
+    """Confirm the hold's node: 1 while it is there, 0 when gone or released meanwhile."""
+    steps = lock._steps
+    if value not in steps._nodes:
+        return 0
+    what = f"renewing {steps._kind_word} {lock.name!r}"
+    return 1 if await asyncio.to_thread(steps._confirm, value, what) else 0

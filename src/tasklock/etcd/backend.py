@@ -4,55 +4,38 @@ does differently is here; the policy that calls it is written once, above the re
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
+from tasklock.core import backend_hooks
+from tasklock.core.backend_hooks import PerUrl, rate_refusal
 from tasklock.core.base import BaseLock
-from tasklock.errors import ConfigurationError
 from tasklock.etcd import protocol
 from tasklock.etcd.client import Client
 from tasklock.etcd.markers import Markers
 
 __all__ = ["client", "lock", "markers", "option_problems", "url_problem"]
 
-RATE_PROBLEM = (
-    "rate with an etcd url is refused: a rate limit is one script on one Redis, which etcd "
-    "cannot run"
-)
-RATE_HINT = "give the rate-limited task a Redis url=, or drop rate for this task"
-
-_clients: dict[str, Client] = {}
-_clients_lock = threading.Lock()
-_markers: dict[str, Markers] = {}
+_clients = PerUrl(Client)
+_markers = PerUrl(lambda url: Markers(client(url)))
 
 
 def client(url: str) -> Client:
     """One :class:`tasklock.etcd.Client` per URL per process (it is thread-safe, and makes its
     own connections again in a forked child)."""
-    found = _clients.get(url)
-    if found is None:
-        with _clients_lock:
-            found = _clients.get(url)
-            if found is None:
-                found = _clients[url] = Client(url)
-    return found
+    return _clients(url)
 
 
 def url_problem(option: str, url: str) -> str | None:
     """What is wrong with an etcd URL given as ``option``, or None."""
-    try:
-        protocol.parse_endpoints(url)
-    except ConfigurationError as exc:
-        return f"{option}: {exc}"
-    return None
+    return backend_hooks.url_problem(protocol.parse_endpoints, option, url)
 
 
 def option_problems(options: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     """(option, message, hint, check code) for each task option etcd cannot serve."""
     problems: list[tuple[str, str, str, str]] = []
     if options.get("rate") is not None:
-        problems.append(("rate", RATE_PROBLEM, RATE_HINT, "E016"))
+        problems.append(rate_refusal("an etcd url", "etcd"))
     ttl = options.get("ttl")
     if isinstance(ttl, int | float) and not isinstance(ttl, bool) and 0 < ttl < 1:
         problems.append(
@@ -82,7 +65,4 @@ def lock(url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
 
 def markers(url: str) -> Markers:
     """The enqueue-marker store on the etcd cluster ``url`` names."""
-    store = _markers.get(url)
-    if store is None:
-        store = _markers.setdefault(url, Markers(client(url)))
-    return store
+    return _markers(url)

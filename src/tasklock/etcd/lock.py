@@ -20,14 +20,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from tasklock.core.base import Attempt, BaseLock, _Waiter
-from tasklock.core.scripting import Script
+from tasklock.core.batches import HoldScript, judge_hold, sync_renewer
 from tasklock.core.watchdog import Renewal
 from tasklock.etcd.client import Client, as_client
-from tasklock.etcd.steps import LockSteps, WatchWaiter, drive, judge_keepalive, renewer_for
+from tasklock.etcd.steps import LockSteps, WatchWaiter, drive
 
 __all__ = ["Lock"]
 
@@ -69,8 +69,8 @@ class Lock(LockSteps[Client, BaseLock], BaseLock):
         return drive(self.client, self._extend_steps(value, seconds, replace))
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
-        call = (renewer_for(self.client, _KeepAliveBatch), _KEEPALIVE, (self.name,), (self, value))
-        return Renewal(self.name, self.ttl, [call], judge_keepalive, on_lost)
+        call = (sync_renewer(self.client, _keepalive_hold), _KEEPALIVE, (self.name,), (self, value))
+        return Renewal(self.name, self.ttl, [call], judge_hold, on_lost)
 
     def locked(self) -> bool:
         return drive(self.client, self._locked_steps())
@@ -104,36 +104,14 @@ class _WatchWaiter(WatchWaiter):
 
 
 # -- watchdog ----------------------------------------------------------------------------------
-# The thread watchdog renews holds in batches, one per server, through a Redis-shaped interface:
-# ``client.pipeline(transaction=False)``, ``script.queue(pipe, keys, args)`` and
-# ``pipe.execute(raise_on_error=False)``. The classes below speak it with keep-alives, so etcd
-# holds get the same scheduling, deadlines, late warnings and lost verdicts as Redis ones.
+# The thread watchdog renews etcd holds with one lease keep-alive each, through the per-hold
+# batches of tasklock.core.batches (the same scheduling, deadlines, late warnings and lost
+# verdicts as Redis holds).
+
+_KEEPALIVE = HoldScript("etcd lease keep-alive", "-- tasklock.etcd keep-alive")
 
 
-class _KeepAliveScript(Script):
-    def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
-        pipe.add(args[0], args[1])
-
-
-_KEEPALIVE = _KeepAliveScript("etcd lease keep-alive", "-- tasklock.etcd keep-alive")
-
-
-class _KeepAliveBatch:
-    def __init__(self) -> None:
-        self._items: list[tuple[Lock, bytes]] = []
-
-    def add(self, lock: Lock, value: bytes) -> None:
-        self._items.append((lock, value))
-
-    def execute(self, raise_on_error: bool = False) -> list[Any]:
-        results: list[Any] = []
-        for lock, value in self._items:
-            lease = lock._leases.get(value)
-            if lease is None:
-                results.append(0)  # released meanwhile (its entry is cancelled: not judged)
-                continue
-            try:
-                results.append(lock._keepalive(lease))
-            except Exception as exc:
-                results.append(exc)
-        return results
+def _keepalive_hold(lock: Lock, value: bytes) -> int:
+    """Keep the hold's lease alive: its TTL back, or 0 when it was released meanwhile."""
+    lease = lock._leases.get(value)
+    return 0 if lease is None else lock._keepalive(lease)

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tasklock.core.lease import Attempt, LeaseCore, Number
 from tasklock.core.owner import token_id
-from tasklock.core.renewal import Outcome
 from tasklock.etcd import protocol
 
 if TYPE_CHECKING:
@@ -35,15 +34,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Call",
     "LockSteps",
-    "Renewer",
     "Revoke",
     "Steps",
     "WatchTarget",
     "WatchWaiter",
     "drive",
     "drive_async",
-    "judge_keepalive",
-    "renewer_for",
 ]
 
 T = TypeVar("T")
@@ -51,7 +47,6 @@ T = TypeVar("T")
 C = TypeVar("C")
 #: The lock base its ``on_lost`` callback is given (the sync or the asyncio one).
 L = TypeVar("L")
-B = TypeVar("B")
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,38 +366,3 @@ class WatchWaiter:
 
     def close(self) -> None:
         self._lock._watch_from.pop(token_id(self._token), None)
-
-
-# -- watchdog ----------------------------------------------------------------------------------
-# The watchdogs (thread and asyncio) renew holds in batches, one per "server", through a
-# Redis-shaped interface (``client.pipeline(transaction=False)`` and a batch's ``execute``). Each
-# driver's batch class speaks it with keep-alives; the server and the verdict are shared here.
-
-
-class Renewer(Generic[B]):
-    """One per client: the watchdog's "server", so one round's keep-alives go together."""
-
-    def __init__(self, client: Any, batch: Callable[[], B]) -> None:
-        self.client = client
-        self._batch = batch
-
-    def pipeline(self, transaction: bool = False) -> B:
-        return self._batch()
-
-
-def renewer_for(client: Any, batch: Callable[[], B]) -> Renewer[B]:
-    """The client's renewer (made on first use, then kept on the client)."""
-    renewer: Renewer[B] | None = getattr(client, "_tasklock_renewer", None)
-    if renewer is None:
-        renewer = Renewer(client, batch)
-        client._tasklock_renewer = renewer
-    return renewer
-
-
-def judge_keepalive(results: list[Any], elapsed: float) -> Outcome:
-    """A keep-alive's verdict: renewed (a TTL back), lost (0: the lease is gone), or
-    unreachable (an error)."""
-    answer = results[0]
-    if isinstance(answer, BaseException):
-        return Outcome.UNREACHABLE
-    return Outcome.RENEWED if answer else Outcome.LOST

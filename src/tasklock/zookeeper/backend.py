@@ -6,39 +6,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tasklock.core import backend_hooks
+from tasklock.core.backend_hooks import PerUrl, rate_refusal
 from tasklock.core.base import BaseLock
-from tasklock.errors import ConfigurationError
 from tasklock.zookeeper.client import client_for, parse_url
 from tasklock.zookeeper.lock import Lock, Semaphore
 from tasklock.zookeeper.markers import Markers
 
 __all__ = ["lock", "markers", "option_problems", "url_problem"]
 
-_markers: dict[str, Markers] = {}
+_markers = PerUrl(lambda url: Markers(client_for(url)))
 
 
 def url_problem(option: str, url: str) -> str | None:
     """What is wrong with a ZooKeeper URL given as ``option``, or None."""
-    try:
-        parse_url(url)
-    except ConfigurationError as exc:
-        return f"{option}: {exc}"
-    return None
+    return backend_hooks.url_problem(parse_url, option, url)
 
 
 def option_problems(options: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     """(option, message, hint, check code) for each task option ZooKeeper cannot serve."""
     if options.get("rate") is None:
         return []
-    return [
-        (
-            "rate",
-            "rate with a zookeeper url is refused: a rate limit is one script on one Redis, "
-            "which ZooKeeper cannot run",
-            "give the rate-limited task a Redis url=, or drop rate for this task",
-            "E016",
-        )
-    ]
+    return [rate_refusal("a zookeeper url", "ZooKeeper")]
 
 
 def lock(url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
@@ -53,7 +42,4 @@ def lock(url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
 
 def markers(url: str) -> Markers:
     """The enqueue-marker store on the ensemble ``url`` names."""
-    store = _markers.get(url)
-    if store is None:
-        store = _markers.setdefault(url, Markers(client_for(url)))
-    return store
+    return _markers(url)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
+from tasklock.core.backend_hooks import PerUrl
 from tasklock.errors import BackendUnavailable, ConfigurationError
 
 try:
@@ -341,19 +342,12 @@ def _catch_negotiated(kazoo: KazooClient) -> list[float]:
     return agreed
 
 
-_clients: dict[str, Client] = {}
-_clients_lock = threading.Lock()
+_clients = PerUrl(Client)
 
 
 def client_for(url: str) -> Client:
     """One :class:`Client` per URL per process (thread-safe; reopened in a forked child)."""
-    found = _clients.get(url)
-    if found is None:
-        with _clients_lock:
-            found = _clients.get(url)
-            if found is None:
-                found = _clients[url] = Client(url)
-    return found
+    return _clients(url)
 
 
 def as_client(url_or_client: Any) -> Client:

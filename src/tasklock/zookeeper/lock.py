@@ -42,12 +42,11 @@ from urllib.parse import quote
 from kazoo.exceptions import BadVersionError, NoNodeError
 
 from tasklock.core.base import BaseLock, _Waiter
+from tasklock.core.batches import HoldScript, judge_hold, sync_renewer
 from tasklock.core.clock import clock
 from tasklock.core.lease import Attempt, Number
 from tasklock.core.owner import Holder, parse_value, token_id
 from tasklock.core.permits import check_limit
-from tasklock.core.renewal import Outcome
-from tasklock.core.scripting import Script
 from tasklock.core.watchdog import Renewal
 from tasklock.zookeeper.client import Client, as_client
 
@@ -326,8 +325,8 @@ class Lock(BaseLock):
         return done
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
-        call = (_renewer(self.client), _CONFIRM, (self.name,), (self, value))
-        return Renewal(self.name, self.ttl, [call], _judge, on_lost)
+        call = (sync_renewer(self.client, _confirm_hold), _CONFIRM, (self.name,), (self, value))
+        return Renewal(self.name, self.ttl, [call], judge_hold, on_lost)
 
     # -- reads ---------------------------------------------------------------------------------
     def _children(self, what: str) -> list[str]:
@@ -457,60 +456,15 @@ def _set(event: threading.Event) -> Callable[[Any], None]:
 
 
 # -- watchdog ----------------------------------------------------------------------------------
-# The thread watchdog renews holds in batches through a Redis-shaped interface (a pipeline, a
-# script's ``queue`` and ``execute``); the classes below speak it with confirmations, so
-# ZooKeeper holds get the same scheduling, late warnings and lost verdicts as the others.
+# The thread watchdog renews ZooKeeper holds with one confirmation each, through the per-hold
+# batches of tasklock.core.batches, so they get the same scheduling, late warnings and lost
+# verdicts as the others.
+
+_CONFIRM = HoldScript("ZooKeeper hold confirmation", "-- tasklock.zookeeper confirm")
 
 
-class _ConfirmScript(Script):
-    def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
-        pipe.add(args[0], args[1])
-
-
-_CONFIRM = _ConfirmScript("ZooKeeper hold confirmation", "-- tasklock.zookeeper confirm")
-
-
-class _ConfirmBatch:
-    def __init__(self) -> None:
-        self._items: list[tuple[Lock, bytes]] = []
-
-    def add(self, lock: Lock, value: bytes) -> None:
-        self._items.append((lock, value))
-
-    def execute(self, raise_on_error: bool = False) -> list[Any]:
-        results: list[Any] = []
-        for lock, value in self._items:
-            if value not in lock._nodes:
-                results.append(0)  # released meanwhile (its entry is cancelled: not judged)
-                continue
-            try:
-                what = f"renewing {lock._kind_word} {lock.name!r}"
-                results.append(1 if lock._confirm(value, what) else 0)
-            except Exception as exc:
-                results.append(exc)
-        return results
-
-
-class _Renewer:
-    """One per client: the watchdog's "server", so one round's confirmations go together."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def pipeline(self, transaction: bool = False) -> _ConfirmBatch:
-        return _ConfirmBatch()
-
-
-def _renewer(client: Client) -> _Renewer:
-    renewer: _Renewer | None = getattr(client, "_tasklock_renewer", None)
-    if renewer is None:
-        renewer = client._tasklock_renewer = _Renewer(client)  # type: ignore[attr-defined]
-    return renewer
-
-
-def _judge(results: list[Any], elapsed: float) -> Outcome:
-    """A confirmation's verdict: renewed (the node is there), lost (gone), or unreachable."""
-    answer = results[0]
-    if isinstance(answer, BaseException):
-        return Outcome.UNREACHABLE
-    return Outcome.RENEWED if answer else Outcome.LOST
+def _confirm_hold(lock: Lock, value: bytes) -> int:
+    """Confirm the hold's node: 1 while it is there, 0 when gone or released meanwhile."""
+    if value not in lock._nodes:
+        return 0
+    return 1 if lock._confirm(value, f"renewing {lock._kind_word} {lock.name!r}") else 0
