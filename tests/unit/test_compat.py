@@ -48,6 +48,19 @@ def test_once_keys_naming_a_defaulted_argument(app: Celery) -> None:
     assert page.get_key((3,), {"size": 20}) == page.get_key((3,))
 
 
+def test_once_bound_task_key_leaves_the_task_out(app: Celery) -> None:
+    """celery-once #93: a bound task's key held the task's repr (``<@task: ... at 0x10af06d38>``),
+    a memory address that differs in every process, so two producers never excluded each
+    other. The key is the call's arguments only, the same in any process."""
+
+    @app.task(shared=False, name="t.bound", base=QueueOnce, bind=True)
+    def bound(self: Any, a: int) -> int:
+        return a
+
+    assert bound.get_key((1,)) == "qo_t.bound_a-1"
+    assert bound.get_key(kwargs={"a": 1}) == "qo_t.bound_a-1"
+
+
 def test_once_tuple_and_list_are_one_key(app: Celery) -> None:
     @app.task(shared=False, name="t.pair", base=QueueOnce)
     def pair(p: Any) -> None: ...
