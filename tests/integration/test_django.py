@@ -240,8 +240,10 @@ def test_every_code_tasklock_config_can_report_is_documented() -> None:
     from tasklock.django.checks import CHECK_IDS
 
     # The options' problems live in tasklock.config, and those of each backend in its hooks
-    # module (tasklock.etcd.backend, ...), which the registry in tasklock.backends names.
+    # module (tasklock.etcd.backend, ...), which the registry in tasklock.backends names, and in
+    # the helpers those modules share (tasklock.core.backend_hooks).
     hooks = {entry.hooks for entry in backends.REGISTRY.values() if entry.hooks}
+    hooks.add("tasklock.core.backend_hooks")
     source = Path(config.__file__).read_text() + Path(backends.__file__).read_text()
     for module in sorted(hooks):
         source += Path(str(importlib.import_module(module).__file__)).read_text()
