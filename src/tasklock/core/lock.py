@@ -107,13 +107,17 @@ class Lock(BaseLock):
         replaced): what the constructor would make, without checking the options again.
 
         For a caller that locks a new name on every call with the same options, as the task
-        layer does (a name per call's arguments): the checks and the set-up that do not depend
-        on the name were most of what making the object cost. The new object shares nothing
-        that changes with this one: its holds are its own, and this one may be in use."""
+        layer does (a name per call's arguments): it skips the checks and the set-up that do not
+        depend on the name (what depends on it, the keys and their encoding, is still done). The
+        new object shares nothing that changes with this one: its holds are its own, and this
+        one may be in use."""
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"name must be a non-empty string, got {name!r}")
         if owner_info is not None and not isinstance(owner_info, Mapping):
-            raise ConfigurationError(f"owner_info must be a dict, got {owner_info!r}")
+            raise ConfigurationError(
+                f"owner_info must be a dict of what to show about the holder (e.g. "
+                f"{{'job': 'nightly'}}), got {owner_info!r}"
+            )
         other = object.__new__(type(self))
         other.__dict__.update(self.__dict__)
         other.name = name
