@@ -105,6 +105,9 @@ def test_for_name_makes_what_the_constructor_makes(r: redis.Redis) -> None:
 
 def test_for_name_refuses_a_bad_name(r: redis.Redis) -> None:
     template = tasklock.Lock(r, "fresh:template", timeout=5)
-    for bad in ("", None, b"bytes"):
+    for bad in ("", None, 5):
         with pytest.raises(ConfigurationError, match="name must be a non-empty string"):
             template.for_name(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="owner_info must be a dict"):
+        template.for_name("fresh:x", owner_info=["job"])  # type: ignore[arg-type]
+    assert template.for_name(b"fresh:bytes").name == "fresh:bytes"  # as the constructor takes it

@@ -39,6 +39,8 @@ __all__ = [
     "LostFlag",
     "Number",
     "check_fair",
+    "check_name",
+    "check_owner_info",
     "check_seconds",
     "fence_key_or_default",
 ]
@@ -76,6 +78,31 @@ def check_seconds(option: str, value: Any, *, allow_none: bool, allow_zero: bool
             "the backstop for a crashed holder, and the watchdog renews a shorter one for as long "
             "as the holder lives (watchdog=True)"
         )
+
+
+def check_name(name: Any) -> str:
+    """A lock name as text (UTF-8 bytes decoded), or a ConfigurationError naming it."""
+    if isinstance(name, bytes):
+        try:
+            name = name.decode()
+        except UnicodeDecodeError as exc:
+            raise ConfigurationError(
+                f"name must be text or UTF-8 bytes, got {name!r}, which is not UTF-8 "
+                f"({exc.reason} at byte {exc.start}): pass the lock name as a str"
+            ) from None
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"name must be a non-empty string, got {name!r}")
+    return name
+
+
+def check_owner_info(owner_info: Any) -> dict[str, Any] | None:
+    """``owner_info`` as a dict of its own (None when empty), or a ConfigurationError."""
+    if owner_info is not None and not isinstance(owner_info, Mapping):
+        raise ConfigurationError(
+            f"owner_info must be a dict of what to show about the holder (e.g. "
+            f"{{'job': 'nightly'}}), got {owner_info!r}"
+        )
+    return dict(owner_info) if owner_info else None
 
 
 def check_fair(fair: Any) -> bool:
@@ -227,16 +254,7 @@ class LeaseCore:
         on_lost: Callable[[Any], Any] | None = None,
         owner_info: Mapping[str, Any] | None = None,
     ) -> None:
-        if isinstance(name, bytes):
-            try:
-                name = name.decode()
-            except UnicodeDecodeError as exc:
-                raise ConfigurationError(
-                    f"name must be text or UTF-8 bytes, got {name!r}, which is not UTF-8 "
-                    f"({exc.reason} at byte {exc.start}): pass the lock name as a str"
-                ) from None
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"name must be a non-empty string, got {name!r}")
+        name = check_name(name)
         check_seconds("timeout", timeout, allow_none=True, allow_zero=False)
         check_seconds("sleep", sleep, allow_none=False, allow_zero=False)
         check_seconds("blocking_timeout", blocking_timeout, allow_none=True, allow_zero=True)
@@ -246,11 +264,6 @@ class LeaseCore:
             raise ConfigurationError(f"watchdog must be True, False or None, got {watchdog!r}")
         if on_lost is not None and not callable(on_lost):
             raise ConfigurationError(f"on_lost must be callable, got {on_lost!r}")
-        if owner_info is not None and not isinstance(owner_info, Mapping):
-            raise ConfigurationError(
-                f"owner_info must be a dict of what to show about the holder (e.g. "
-                f"{{'job': 'nightly'}}), got {owner_info!r}"
-            )
         self.name = name
         #: As given (None = the default TTL, renewed by the watchdog).
         self.timeout = timeout
@@ -265,7 +278,7 @@ class LeaseCore:
         #: (redis-py's meaning: the lock expires after ``timeout`` unless extended).
         self.watchdog = (timeout is None) if watchdog is None else watchdog
         self.on_lost = on_lost
-        self.owner_info = dict(owner_info) if owner_info else None
+        self.owner_info = check_owner_info(owner_info)
         self.local: Any = self._new_local()
         self.local.token = None
 

@@ -18,7 +18,12 @@ from tasklock.core.base import Attempt, BaseLock, Number, _Waiter
 from tasklock.core.connection import backend_errors, describe_client
 from tasklock.core.keys import wake_channel
 from tasklock.core.layouts import WAITER_LIVENESS, Layout, lock_layout
-from tasklock.core.lease import check_fair, fence_key_or_default
+from tasklock.core.lease import (
+    check_fair,
+    check_name,
+    check_owner_info,
+    fence_key_or_default,
+)
 from tasklock.core.permits import PermitState
 from tasklock.core.renewal import judge_single
 from tasklock.core.scripts import PERMIT_STATE
@@ -90,14 +95,19 @@ class Lock(BaseLock):
         self._fence_key_given = fence_key is not None
         self.fence_key = fence_key_or_default(fence_key, self.name)
         self._ttl_ms = max(1, int(self.ttl * 1000))
+        self._hub_cache: tuple[int, Any, WakeupHub] | None = None
+        if self.fair:
+            self._renew_every = WAITER_LIVENESS / 3
+        self._set_up_name()
+
+    def _set_up_name(self) -> None:
+        """What depends on the name: its layout, its wake channel, its messages, the prepared
+        calls (the constructor's last step, and all that :meth:`for_name` redoes)."""
         self._channel = wake_channel(self.name)
         self._layout = self._make_layout()
-        self._hub_cache: tuple[int, Any, WakeupHub] | None = None
-        if self._layout.fair:
-            self._renew_every = WAITER_LIVENESS / 3
         self._acquiring = f"acquiring lock {self.name!r}"
         self._releasing = f"releasing lock {self.name!r}"
-        self._bind(redis)
+        self._bind(self.redis)
 
     def _make_layout(self) -> Layout:
         return lock_layout(self.name, self.fence_key, self.ttl, self.fair)
@@ -111,25 +121,14 @@ class Lock(BaseLock):
         depend on the name (what depends on it, the keys and their encoding, is still done). The
         new object shares nothing that changes with this one: its holds are its own, and this
         one may be in use."""
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"name must be a non-empty string, got {name!r}")
-        if owner_info is not None and not isinstance(owner_info, Mapping):
-            raise ConfigurationError(
-                f"owner_info must be a dict of what to show about the holder (e.g. "
-                f"{{'job': 'nightly'}}), got {owner_info!r}"
-            )
         other = object.__new__(type(self))
         other.__dict__.update(self.__dict__)
-        other.name = name
-        other.owner_info = dict(owner_info) if owner_info else None
+        other.name = check_name(name)
+        other.owner_info = check_owner_info(owner_info)
         other.local = other._new_local()
         if not self._fence_key_given:
-            other.fence_key = fence_key_or_default(None, name)
-        other._channel = wake_channel(name)
-        other._layout = other._make_layout()
-        other._acquiring = f"acquiring lock {name!r}"
-        other._releasing = f"releasing lock {name!r}"
-        other._bind(self.redis)
+            other.fence_key = fence_key_or_default(None, other.name)
+        other._set_up_name()
         return other
 
     def _bind(self, client: Any) -> None:
