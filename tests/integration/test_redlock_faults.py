@@ -239,6 +239,44 @@ def test_release_not_waited_for_still_runs_on_a_master_without_the_script(
         client.close()
 
 
+def test_a_failed_attempts_set_on_a_master_without_the_script_is_not_run_after_its_undo(
+    three: list[RedisServer],
+) -> None:
+    """Issue 26 (a flake of test_guard, root-caused): a master that has not loaded the acquire
+    script (new, restarted, SCRIPT FLUSH) and answers round 1 after the others have refused gets
+    the undo queued behind the SET. Its answer is NOSCRIPT: the SET did not run, and the undo
+    found nothing. The reaper ran the SET again, now after its undo, and the key stayed there
+    for its whole TTL, held by nobody, with no undo left to come."""
+    restore(three)
+    clients = [server.client() for server in three]
+    for client in clients:
+        client.flushall()
+    holder = Redlock(clients, "noscript-undo", timeout=30, node_timeout=NODE_TIMEOUT)
+    other = Redlock(clients, "noscript-undo", timeout=30, node_timeout=NODE_TIMEOUT)
+    with other:  # stocks an idle connection per master: round 1 then writes without connecting
+        pass
+    assert holder.acquire(blocking=False)
+    eventually(lambda: all(c.exists("noscript-undo") for c in clients), what="held everywhere")
+    clients[0].delete("noscript-undo")  # the hold goes on on masters 1 and 2
+    clients[0].script_flush()
+    calls_before = script_calls(clients[0])
+    three[0].pause()
+    try:
+        assert other.acquire(blocking=False) is False  # 1 and 2 refuse; 0 is not waited for
+    finally:
+        three[0].resume()
+    eventually(
+        lambda: script_calls(clients[0]) >= calls_before + 2 and reaper.reaper().waiting() == 0,
+        what="master 0 answered the SET and the undo behind it, and the reaper read both",
+    )
+    left = clients[0].get("noscript-undo")
+    assert left is None, f"the failed attempt's key stayed on master 0: {left!r}"
+    holder.release()
+    assert_cleaned_up(clients, "noscript-undo", "no key left after the release")
+    for client in clients:
+        client.close()
+
+
 @pytest.mark.slow
 def test_fences_strictly_increase_through_pauses_and_aof_restarts() -> None:
     """Fences are exactly 1, 2, 3, ... while random minorities are paused and a majority of the

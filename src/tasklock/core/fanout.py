@@ -442,14 +442,19 @@ class _Call:
             if conn is None or not slot.sinks:
                 continue
             slot.conn = None
+            followup = followups.get(index) if followups else None
             awaited: collections.deque[Awaited] = collections.deque()
             for position in slot.sinks:
                 if position < 0:
                     awaited.append((None, None))
                 else:
                     hook = _bind(late, index) if late is not None else None
-                    awaited.append((slot.ops[position], hook))
-            followup = followups.get(index) if followups else None
+                    # A command with a follow-up behind it is never run again on NOSCRIPT (the
+                    # reaper re-runs only the ops it is given): it did not run, so its follow-up
+                    # (its undo) found nothing to undo, the end the caller asked for; run again,
+                    # it would run after its undo and stay (a round-1 SET kept for its TTL).
+                    op = None if followup is not None else slot.ops[position]
+                    awaited.append((op, hook))
             if followup is not None:
                 try:
                     conn.send_packed_command(
@@ -491,9 +496,11 @@ class Round:
         """Release this round's connections.
 
         ``followups`` (by node index) are queued behind commands still unanswered, on the same
-        connection, so the server runs them after those, however late. ``late(index, reply)`` is
-        called from the reaper thread with each such late reply (or with a :class:`NoReply` when
-        the reaper gives up on it); an Op it returns is sent on that same connection.
+        connection, so the server runs them after those, however late; a command with a
+        follow-up behind it is not run again when it answers NOSCRIPT (a re-run would come after
+        the follow-up). ``late(index, reply)`` is called from the reaper thread with each such
+        late reply (or with a :class:`NoReply` when the reaper gives up on it); an Op it returns
+        is sent on that same connection.
         """
         if not self._settled:
             self._settled = True

@@ -46,12 +46,14 @@ class _Reaper:
 
     A reply of NOSCRIPT (a server that had not loaded the script yet: new or restarted) means
     the command did not run; the reaper runs it again as EVAL with the script's text, so a
-    release or extend that nobody waited for is not silently dropped.
+    release or extend that nobody waited for is not silently dropped. It is given no command to
+    run again where the caller queued a follow-up behind it (see ``Round.settle``).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._incoming: list[_Straggler] = []
+        self._active: dict[int, _Straggler] = {}  # by socket: read and written by the thread only
         self._waker = Waker()
         self._thread = threading.Thread(target=self._run, name="tasklock-reaper", daemon=True)
         self._thread.start()
@@ -67,10 +69,16 @@ class _Reaper:
             self._incoming.append(straggler)
         self._waker.wake()
 
+    def waiting(self) -> int:
+        """Connections whose replies it still waits for (0: every late reply was read and
+        acted on). For tests and diagnostics: a moment's count, read without the thread."""
+        with self._lock:
+            return len(self._incoming) + len(self._active)
+
     def _run(self) -> None:
         poller = Poller()
         poller.register(self._waker.fd)
-        active: dict[int, _Straggler] = {}
+        active = self._active
         while True:
             try:
                 now = _clock.clock.monotonic()
@@ -78,10 +86,10 @@ class _Reaper:
                 for fd in poller.poll(max(0.0, timeout)):
                     if fd == self._waker.fd:
                         self._waker.drain()
-                        with self._lock:
+                        with self._lock:  # moved under the lock: waiting() never misses one
                             incoming, self._incoming = self._incoming, []
+                            active.update((item.fd, item) for item in incoming)
                         for item in incoming:
-                            active[item.fd] = item
                             poller.register(item.fd)
                         continue
                     found = active.get(fd)
@@ -91,9 +99,9 @@ class _Reaper:
                 now = _clock.clock.monotonic()
                 for fd, straggler in list(active.items()):
                     if now >= straggler.give_up_at:
-                        del active[fd]
                         poller.unregister(fd)
                         self._give_up(straggler)
+                        del active[fd]
             except Exception:  # never let the thread die
                 log.exception("tasklock fan-out reaper failed; continuing")
 
