@@ -38,6 +38,7 @@ from tasklock.core.renewal import Renewal
 from tasklock.core.scripting import Script
 from tasklock.zookeeper import lock as zk
 from tasklock.zookeeper.client import Client
+from tasklock.zookeeper.queue import about_session
 
 __all__ = ["Lock", "Semaphore"]
 
@@ -136,8 +137,9 @@ class Semaphore(Lock):
 
 
 class _AsyncWatchWaiter:
-    """Waits for what the last failed attempt named, with a ZooKeeper watch set from a thread
-    that wakes an :class:`asyncio.Event` on this loop."""
+    """Waits for what the last failed attempt named, with the blocking waiter's rules
+    (:class:`tasklock.zookeeper.queue.Watch`: armed in a thread, news or not judged the same);
+    the watch wakes an :class:`asyncio.Event` on this loop."""
 
     def __init__(self, lock: Lock, token: str) -> None:
         self._lock = lock
@@ -148,34 +150,37 @@ class _AsyncWatchWaiter:
 
     async def wait(self, timeout: float) -> bool:
         steps = self._lock._steps
-        target = steps._watch.get(self._tid)
-        if target is None or timeout <= 0:
+        watch = steps._watch.get(self._tid)
+        if watch is None or timeout <= 0:
             return False
         loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
+        deadline = loop.time() + timeout
+        while True:
+            woken = asyncio.Event()
+            events: list[Any] = []
 
-        def wake(_: Any) -> None:
-            loop.call_soon_threadsafe(woken.set)
+            def fired(event: Any, events: list[Any] = events, woken: asyncio.Event = woken) -> None:
+                events.append(event)
+                loop.call_soon_threadsafe(woken.set)
 
-        def watch() -> bool:
-            if target == steps._dir:
-                steps.client.call("watching a semaphore", "get_children", target, watch=wake)
+            try:
+                if await asyncio.to_thread(watch.arm, steps.client, fired):
+                    return True
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(min(timeout, float(self._lock.sleep)))
                 return False
-            return steps.client.call("watching a lock", "exists", target, watch=wake) is None
-
-        try:
-            if await asyncio.to_thread(watch):
-                return True  # gone already
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            await asyncio.sleep(min(timeout, float(self._lock.sleep)))
-            return False
-        try:
-            await asyncio.wait_for(woken.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+            try:
+                await asyncio.wait_for(woken.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return False
+            if about_session(events[0]):
+                left = max(0.0, deadline - loop.time())
+                await asyncio.to_thread(steps.client.wait_connected, left)
+                return True
+            if watch.wakes(events[0]):
+                return True
 
     def close(self) -> None:
         self._lock._steps._watch.pop(self._tid, None)

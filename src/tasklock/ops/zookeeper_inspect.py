@@ -6,7 +6,8 @@ the first node (a lock) or the permit nodes within their limit before any lock n
 (:func:`~tasklock.zookeeper.lock.holders_among`); waiters are not listed. A hold's fence
 is its node's creation zxid, which ``show`` names (there is no fence counter, as on etcd). A
 release deletes the holder's node with the version that was read, so it removes exactly what was
-shown; the holder's watchdog then finds its node gone and reports the hold lost.
+shown; the holder's watchdog then finds its node gone and reports the hold lost. ``doctor`` also
+sweeps what crashed processes left (empty lock directories, expired enqueue markers).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tasklock.core.urls import redacted as redact_url
 from tasklock.errors import BackendUnavailable, ConfigurationError
 from tasklock.ops.doctor import Check, Report, Status
 from tasklock.ops.inspect import KeyState, LockInfo, decode_key, newest_first, parse_lock_value
+from tasklock.zookeeper.cleanup import sweep
 from tasklock.zookeeper.client import Client, parse_url
 from tasklock.zookeeper.lock import LOCK, holders_among, lock_directory, sequence_of
 
@@ -161,6 +163,7 @@ def run_doctor(urls: Sequence[str], option: str = "--url") -> Report:
                 Check("version", Status.OK, "ZooKeeper " + ".".join(map(str, version)), None, where)
             )
             checks.append(_probe(url, client, where))
+            checks.append(_sweep(client, where))
         except (BackendUnavailable, ConfigurationError) as exc:
             checks.append(
                 Check("session", Status.FAIL, str(exc), "check the URL and the ensemble", where)
@@ -168,6 +171,20 @@ def run_doctor(urls: Sequence[str], option: str = "--url") -> Report:
         finally:
             client.close()
     return Report(shown, checks)
+
+
+def _sweep(client: Client, where: str) -> Check:
+    """Remove what crashed processes left (empty lock directories, expired enqueue markers):
+    safe while locks are in use (:mod:`tasklock.zookeeper.cleanup`)."""
+    swept = sweep(client)
+    return Check(
+        "cleanup",
+        Status.OK,
+        f"removed {swept.directories} empty lock directories and {swept.markers} expired "
+        f"enqueue markers ({swept.kept} lock directories in use)",
+        None,
+        where,
+    )
 
 
 def _probe(url: str, client: Client, where: str) -> Check:

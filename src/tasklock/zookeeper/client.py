@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -52,6 +53,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_SESSION_TIMEOUT",
+    "KAZOO_CHECKED",
+    "PRUNE_AFTER",
     "Client",
     "Target",
     "as_client",
@@ -69,6 +72,8 @@ _SCHEMES = ("zookeeper://", "zk://")
 _MEMBER = re.compile(r"\s*,\s*(?=(?:zookeeper|zk)://)", re.IGNORECASE)
 #: Directories a client remembers as left empty (the oldest forgotten first).
 _ALONE_KEPT = 4096
+#: Seconds a lock directory this client used stays idle before it removes it (None: never).
+PRUNE_AFTER = 30.0
 _EXAMPLE = "zookeeper://zk1:2181,zk2:2181,zk3:2181/tasklock"
 #: ZooKeeper's answers a caller judges itself (the node is gone, is there, has moved on).
 _ANSWERS = (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError)
@@ -159,8 +164,12 @@ class Client:
         self._pid = os.getpid()
         #: (directory, marker) of creates whose answer was lost: deleted once the session is back.
         self._orphans: set[tuple[str, str]] = set()
-        #: Directories this client's last release left empty: the sequence expected next.
-        self._alone: dict[str, int] = {}
+        #: The session timeout the servers granted (seconds), once open; None if unknown.
+        self.negotiated_timeout: float | None = None
+        #: Directories this client's last release left empty: the sequence expected next, and
+        #: the released node's czxid (see ``tasklock.zookeeper.lock._alone_since``).
+        self._alone: dict[str, tuple[int, int]] = {}
+        self._pruner = _Pruner(self.prune_directory, PRUNE_AFTER)
 
     def __repr__(self) -> str:
         return f"<tasklock.zookeeper.Client {self.target.where}>"
@@ -193,6 +202,7 @@ class Client:
                 f"within {self.connect_timeout:g} s{why} (check the hosts and ports in the URL, "
                 "and that a majority of the ensemble is up)"
             ) from None
+        self.negotiated_timeout = negotiated[-1] if negotiated else None
         try:
             self._check_session(kazoo, negotiated)
         except BaseException:
@@ -255,17 +265,55 @@ class Client:
                     kazoo.delete_async(f"{directory}/{child}").get(timeout=self.request_timeout)
 
     # -- what this client knows of a directory -----------------------------------------------
-    def expect_alone(self, directory: str, sequence: int) -> None:
-        """This client's last release in ``directory`` left it empty, and the next create there
-        gets ``sequence`` if nothing else changes its children (a lock's uncontended cycle then
-        needs no read: :meth:`tasklock.zookeeper.Lock._create`)."""
+    def expect_alone(self, directory: str, sequence: int, czxid: int) -> None:
+        """This client's last release in ``directory`` (of a node created at ``czxid``) left it
+        empty, and the next create there gets ``sequence`` if nothing else changes its
+        children (a lock's uncontended cycle then needs no read:
+        :meth:`tasklock.zookeeper.Lock._create`)."""
         if len(self._alone) >= _ALONE_KEPT:
             self._alone.pop(next(iter(self._alone)), None)
-        self._alone[directory] = sequence
+        self._alone[directory] = (sequence, czxid)
 
-    def take_alone(self, directory: str) -> int | None:
-        """The sequence :meth:`expect_alone` noted for ``directory`` (once), or None."""
+    def take_alone(self, directory: str) -> tuple[int, int] | None:
+        """What :meth:`expect_alone` noted for ``directory`` (once), or None."""
         return self._alone.pop(directory, None)
+
+    # -- cleanup -----------------------------------------------------------------------------
+    @property
+    def prune_after(self) -> float | None:
+        """Seconds a lock directory this client used must stay idle before this client removes
+        it (default :data:`PRUNE_AFTER`; None: never). Settable."""
+        return self._pruner.after
+
+    @prune_after.setter
+    def prune_after(self, seconds: float | None) -> None:
+        self._pruner.after = seconds
+
+    def prune_later(self, directory: str) -> None:
+        """``directory`` was used just now: remove it once idle for :attr:`prune_after` (off
+        the hot path: a dict write here, the delete on the pruner's thread)."""
+        self._pruner.later(directory)
+
+    def prune_directory(self, directory: str) -> bool:
+        """Remove ``directory`` if it is empty; whether it did. ZooKeeper deletes only an
+        empty node, atomically: a contender's create either comes first (then this fails) or
+        after (then it gets NoNode, and makes the directory again: ``Lock._create``)."""
+        try:
+            self.call(f"pruning {directory}", "delete", directory)
+        except (NoNodeError, NotEmptyError):
+            return False
+        return True
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Wait (up to ``timeout`` s) until the session is connected again, after kazoo fired
+        the watches with a state event (connection lost, session expired): a waiter then tries
+        again on a live session, not into the reconnect."""
+        deadline = time.monotonic() + timeout
+        while not self.kazoo.connected:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     # -- requests ----------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -313,6 +361,7 @@ class Client:
         )
 
     def close(self) -> None:
+        self._pruner.stop()
         with self._lock:
             kazoo, self._kazoo = self._kazoo, None
         if kazoo is not None and self._pid == os.getpid():
@@ -321,25 +370,115 @@ class Client:
                 kazoo.close()
 
 
+class _Pruner:
+    """Removes the directories a client used once they have been idle ``after`` seconds, on a
+    thread of its own (started on first use, again in a forked child). A directory used again
+    before then waits anew, so a busy name's directory stays (and its uncontended cycle keeps
+    needing no read), and an idle one goes."""
+
+    def __init__(self, prune: Any, after: float | None) -> None:
+        self._prune = prune
+        self.after = after
+        self._pid = -1
+        self._stopped = False
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._due: dict[str, float] = {}
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(
+            target=self._run, name="tasklock-zookeeper-prune", daemon=True
+        )
+        self._thread.start()
+
+    def later(self, directory: str) -> None:
+        after = self.after
+        if after is None or self._stopped:
+            return
+        if self._pid != os.getpid():
+            self._reset()
+        with self._wake:
+            # (Insertion order is due order: one delay for all.) A directory used again only
+            # moves to the end: the thread wakes at its old due time and waits on, so a busy
+            # name costs no thread wake-up per release.
+            known = self._due.pop(directory, None) is not None
+            self._due[directory] = time.monotonic() + after
+            if not known and len(self._due) == 1:
+                self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due and not self._stopped:
+                    self._wake.wait()
+                if self._stopped:
+                    return
+                directory, due = next(iter(self._due.items()))
+                if due > time.monotonic():
+                    self._wake.wait(due - time.monotonic())
+                    continue
+                del self._due[directory]
+            try:
+                self._prune(directory)
+            except Exception as exc:  # (best effort: a later use schedules it again)
+                log.debug("ZooKeeper: could not prune %s: %s", directory, exc)
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._pid == os.getpid():
+            with self._wake:
+                self._wake.notify()
+
+
+#: The kazoo releases :func:`_catch_negotiated` was checked against (``tests/integration/
+#: zookeeper/test_lock.py`` checks the installed one on every run).
+KAZOO_CHECKED = ((2, 8), (2, 11))
+
+
 def _catch_negotiated(kazoo: KazooClient) -> list[float]:
-    """The session timeout each connection of ``kazoo`` agreed with a server, in seconds (kazoo
-    does not keep it: it returns the connect timeout, the agreed timeout divided by the number
-    of hosts). Empty where this kazoo's internals differ (then no check is made)."""
+    """The session timeout each connection of ``kazoo`` agreed with a server, in seconds.
+
+    The one use of kazoo's private API in tasklock, kept here alone. ZooKeeper answers a
+    connect with the session timeout it grants (clamped silently to its min/maxSessionTimeout);
+    kazoo reads it in ``ConnectionHandler._connect`` and keeps only what it derives from it
+    (that method returns the read timeout, 2/3 of it, and the connect timeout, the granted
+    timeout divided by the number of hosts), and no public attribute or call of ``KazooClient``
+    holds it (``_session_timeout`` stays the asked one; as of kazoo 2.11 and its main branch).
+    The server-side way, the ``conf`` four-letter word, is off by default (ZooKeeper 3.5+
+    allows only ``srvr``, which does not say it). So the step is wrapped to read the answer.
+
+    Where this kazoo's internals differ (no ``_connection._connect``, or a result of another
+    shape) the list stays empty: no check is made, and a warning names the kazoo version; the
+    test of the check fails loudly then, so a kazoo upgrade that breaks it is seen."""
     agreed: list[float] = []
     connection = getattr(kazoo, "_connection", None)
     original = getattr(connection, "_connect", None)
     if original is None:
+        _warn_unchecked()
         return agreed
     hosts = len(kazoo.hosts)
 
     def connect(*args: Any, **kwargs: Any) -> Any:
         timeouts = original(*args, **kwargs)
-        with contextlib.suppress(Exception):
+        try:
             agreed.append(round(float(timeouts[1]) * hosts) / 1000)
+        except (TypeError, ValueError, IndexError):
+            _warn_unchecked()
         return timeouts
 
     connection._connect = connect  # type: ignore[union-attr]
     return agreed
+
+
+def _warn_unchecked() -> None:
+    from kazoo.version import __version__
+
+    log.warning(
+        "tasklock.zookeeper: kazoo %s does not show the negotiated session timeout as the "
+        "releases %s do: session_timeout is not checked against the servers' bounds",
+        __version__,
+        ", ".join(".".join(map(str, v)) for v in KAZOO_CHECKED),
+    )
 
 
 _clients = PerUrl(Client)

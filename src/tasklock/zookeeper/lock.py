@@ -10,12 +10,16 @@ can be found again and deleted), holding the holder's owner token. In sequence o
 * a ``lock-`` node holds when it is the first; a ``sem<limit>-`` node holds when fewer than
   ``limit`` nodes come before it and none of them is a ``lock-`` node. So a Lock and a Semaphore
   of one name exclude each other, and the queue is first come, first served.
-* A waiter keeps its node and watches only the node just before it (no herd: a release wakes
-  one waiter); a semaphore waiter watches the directory, as any of ``limit`` holders leaving
-  may let it in.
+* A waiter keeps its node and watches one thing, so that a release wakes one waiter (a
+  semaphore's: at most two), not the herd: a lock waiter the node just before it; a permit
+  waiter the permit waiter just before it, or, first in line, the directory (the rules, and why
+  no waiter is stranded: :mod:`tasklock.zookeeper.queue`).
 * A non-blocking attempt that does not hold deletes its node at once.
 * Release deletes the hold's own node with its version (its path is unique: no other holder's
   node can be deleted by it).
+* Empty directories do not pile up: a directory this client used is removed once it has been
+  idle a while, off the hot path (:mod:`tasklock.zookeeper.cleanup`); a create that finds it
+  gone makes it again.
 * The fence is the node's creation zxid (``czxid``): ZooKeeper's own total order of writes,
   strictly increasing across holders and across restarts of the ensemble, with no clock.
 
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -49,14 +53,50 @@ from tasklock.core.owner import Holder, parse_value, token_id
 from tasklock.core.permits import check_limit
 from tasklock.core.watchdog import Renewal
 from tasklock.zookeeper.client import Client, as_client
+from tasklock.zookeeper.queue import (
+    LOCK,
+    PERMIT,
+    Watch,
+    about_session,
+    holders_among,
+    position,
+    sequence_of,
+    shows_later,
+)
 
-__all__ = ["Lock", "Node", "Semaphore", "holders_among", "lock_directory", "sequence_of"]
+__all__ = [
+    "LOCK",
+    "Lock",
+    "Node",
+    "Semaphore",
+    "holders_among",
+    "lock_directory",
+    "sequence_of",
+]
 
-LOCK, PERMIT = "lock", "sem"
 #: How a contender's node is created: ephemeral, sequential, answered with its stat (czxid).
 _CREATE = {"ephemeral": True, "sequence": True, "include_data": True}
 #: Numbers the attempts of this process (with the token's random part: a node's marker).
 _attempts = itertools.count()
+#: Creates in a directory that a prune keeps removing before giving up (see _create).
+_DIRECTORY_TRIES = 5
+
+
+def _alone_since(expected: tuple[int, int], path: str, czxid: int) -> bool:
+    """Whether a node created at ``path`` with ``czxid`` is alone in its directory, with no
+    read, given what this client's last release there noted: ``(sequence, czxid)``, the
+    sequence the next create gets if nobody else creates there, and the released node's czxid.
+
+    The sequence ZooKeeper appends counts the creates in the directory (deletes do not move
+    it). So within one life of the directory, getting exactly the number after the released
+    node's means nobody created a node since, and every node there then (the released one
+    alone) is gone. But a directory pruned and made again counts from 0 anew, and could reach
+    the same number with someone holding in it. That takes at least ``sequence + 3`` writes
+    between the two creates (the released node's delete, the directory's delete and create,
+    ``sequence`` creates; each a transaction, hence a zxid, of its own), so a zxid gap below
+    that rules it out; a busier ensemble's larger gap costs the read, never a wrong answer."""
+    sequence, released = expected
+    return sequence_of(path) == sequence and czxid - released < sequence + 4
 
 
 def lock_directory(client: Client, name: str) -> str:
@@ -65,32 +105,6 @@ def lock_directory(client: Client, name: str) -> str:
     if set(encoded) <= {"."}:
         encoded = encoded.replace(".", "%2E")
     return client.path("tasklock", "locks", encoded)
-
-
-def sequence_of(child: str) -> int:
-    """The sequence number ZooKeeper appended to a node's name (10 digits)."""
-    return int(child[-10:])
-
-
-def holders_among(ordered: Sequence[str]) -> list[str]:
-    """The nodes that hold, of a directory's children in sequence order: a ``lock-`` node when
-    it is the first; a ``sem<limit>-`` node when no ``lock-`` node is before it and fewer than
-    its own ``limit`` nodes are (each permit's limit is in its name, so a reader needs no
-    other state)."""
-    held: list[str] = []
-    for index, child in enumerate(ordered):
-        if child.startswith(LOCK + "-"):
-            if index == 0:
-                held.append(child)
-            break
-        if index < _limit_of(child):
-            held.append(child)
-    return held
-
-
-def _limit_of(child: str) -> int:
-    digits = child[len(PERMIT) : child.find("-")]
-    return int(digits) if digits.isdigit() else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +118,8 @@ class Node:
     data: bytes
     #: The directory held this node alone right after its create (see ``_release_value``).
     alone: bool = False
+    #: The node's data version: 0, or 1 once touched (a permit waiter promoted, see ``queue``).
+    version: int = 0
 
     @property
     def child(self) -> str:
@@ -166,7 +182,7 @@ class Lock(BaseLock):
         self._nodes: dict[bytes, Node] = {}
         #: A waiting acquire's node (by token id) and what it watches.
         self._queued: dict[str, Node] = {}
-        self._watch: dict[str, str] = {}
+        self._watch: dict[str, Watch] = {}
         # A waiter's node keeps its place by itself: it re-checks on its own only this rarely.
         self._renew_every = max(1.0, self.client.session_timeout)
         self._acquiring = f"acquiring {self._kind_word} {name!r}"
@@ -181,8 +197,8 @@ class Lock(BaseLock):
 
         Usually the ``get_children`` goes right behind the create (one round trip, see
         :meth:`Client.send`). When this client's last release in the directory left it empty,
-        it is not sent at all: the node's sequence number then says whether anyone came since
-        (:meth:`Client.expect_alone`), and only a surprise costs the read."""
+        it is not sent at all: the node's sequence number and creation zxid then say whether
+        anyone came since (:meth:`Client.expect_alone`), and only a surprise costs the read."""
         # Unique per attempt (the token's random part and a counter), so that a node whose
         # create was applied without its answer can be found by name (kazoo #732).
         marker = f"{token_id(token)[:12]}{next(_attempts):x}"
@@ -194,18 +210,15 @@ class Lock(BaseLock):
             listed = None if expected is not None else client.send(what, "get_children", self._dir)
             try:
                 path, stat = client.answer(what, created)
-            except NoNodeError:  # the name's first create: make its directory, then again
-                client.call(what, "ensure_path", self._dir)
-                path, stat = client.call(what, "create", prefix, token.encode(), **_CREATE)
+            except NoNodeError:  # no directory (the name's first create, or it was pruned)
+                path, stat = self._create_in_new_directory(prefix, token.encode())
         except BaseException:
             client.forget_later(self._dir, marker)  # (kazoo #732: applied, answer lost?)
             raise
-        if listed is None and sequence_of(path) == expected:
-            # Nobody came since this client's last release: alone, with no read.
-            return Node(path, stat.czxid, stat.ephemeralOwner, token.encode(), True), [
-                path.rpartition("/")[2]
-            ]
         node = Node(path, stat.czxid, stat.ephemeralOwner, token.encode())
+        if listed is None and expected is not None and _alone_since(expected, path, stat.czxid):
+            # Nobody came since this client's last release: alone, with no read.
+            return Node(path, stat.czxid, stat.ephemeralOwner, token.encode(), True), [node.child]
         try:
             try:
                 if listed is None:
@@ -220,17 +233,20 @@ class Lock(BaseLock):
             node = Node(node.path, node.czxid, node.session, node.data, True)
         return node, children
 
-    def _position(self, node: Node, children: Sequence[str]) -> tuple[bool, str | None]:
-        """Whether ``node`` holds among ``children``, and which node it then waits for (None:
-        its own is gone)."""
-        ordered = sorted(children, key=sequence_of)
-        if node.child not in ordered:
-            return False, None
-        ahead = ordered[: ordered.index(node.child)]
-        if self._kind == LOCK:
-            return not ahead, ahead[-1] if ahead else ""
-        blocked = any(child.startswith(LOCK + "-") for child in ahead) or len(ahead) >= self.limit
-        return not blocked, ""  # a permit waiter watches the directory (any holder may leave)
+    def _create_in_new_directory(self, prefix: str, data: bytes) -> Any:
+        """Make the directory, then create in it; again while a prune removes it in between
+        (its delete and our create race: ZooKeeper deletes only an empty directory, so either
+        our create comes first and the prune fails, or it comes after and gets NoNode here)."""
+        what = self._acquiring
+        for _ in range(_DIRECTORY_TRIES):
+            self.client.call(what, "ensure_path", self._dir)
+            try:
+                return self.client.call(what, "create", prefix, data, **_CREATE)
+            except NoNodeError:
+                continue
+        raise self.client.unreachable(
+            what, RuntimeError(f"{self._dir} was removed {_DIRECTORY_TRIES} times in a row")
+        )
 
     def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         tid = token_id(token)
@@ -240,23 +256,46 @@ class Lock(BaseLock):
         else:
             try:
                 children = self.client.call(self._acquiring, "get_children", self._dir)
+            except NoNodeError:  # our node went with its session, and the directory after it
+                children = []
             except BaseException:
                 self._delete_quietly(node)
                 raise
-        held, ahead = self._position(node, children)
+        held, watch = position(self._prefix, self.limit, node.child, children, self._dir)
         if held:
+            if self._kind != LOCK and shows_later(node.child, children):
+                node = self._touch(node)
+                if node is None:  # gone meanwhile (its session expired): a new one at once
+                    return Attempt(False, holder_ttl=0.0)
             value = node.data + b"#%d" % node.czxid
             self._nodes[value] = node
             self._watch.pop(tid, None)
             return Attempt(True, value, node.czxid)
-        if ahead is None:  # our node went with an expired session: a new one at once
+        if watch is None:  # our node went with an expired session: a new one at once
             return Attempt(False, holder_ttl=0.0)
         if not waiting:
             self._delete_quietly(node)
             return Attempt(False)
         self._queued[tid] = node
-        self._watch[tid] = f"{self._dir}/{ahead}" if ahead else self._dir
+        self._watch[tid] = watch
         return Attempt(False)
+
+    def _touch(self, node: Node) -> Node | None:
+        """Tell the waiter behind a permit that it holds now (see :mod:`queue`): its node's
+        version goes 0 -> 1, which fires that waiter's watch. None when the node is gone. If
+        the touch gets no answer, the permit is given back (its deletion wakes that waiter
+        too) and the error raised: a hold nobody behind it knows of would strand the queue."""
+        if node.version != 0:
+            return node
+        what = self._acquiring
+        try:
+            stat = self.client.call(what, "set", node.path, node.data, version=0)
+        except (NoNodeError, BadVersionError):
+            return None
+        except BaseException:
+            self._delete_quietly(node)
+            raise
+        return Node(node.path, node.czxid, node.session, node.data, node.alone, stat.version)
 
     def _early_waiter(self, token: str) -> _Waiter | None:
         return _WatchWaiter(self, token)  # (a watch costs nothing until the first failure)
@@ -269,6 +308,7 @@ class Lock(BaseLock):
         self._watch.pop(token_id(token), None)
         if node is not None:
             self._delete_quietly(node)
+            self.client.prune_later(self._dir)
 
     def _delete_quietly(self, node: Node) -> None:
         try:
@@ -278,7 +318,7 @@ class Lock(BaseLock):
 
     def _delete(self, node: Node, what: str) -> bool:
         try:
-            self.client.call(what, "delete", node.path, version=0)
+            self.client.call(what, "delete", node.path, version=node.version)
         except (NoNodeError, BadVersionError):
             return False
         return True
@@ -291,13 +331,10 @@ class Lock(BaseLock):
         if not self._delete(node, f"releasing {self._kind_word} {self.name!r}"):
             return False
         if node.alone:
-            # The directory held this node alone when it was read right after its create. The
-            # sequence ZooKeeper appends counts the creates in the directory (deletes do not
-            # move it), so if the next create there gets exactly the number after this one,
-            # nobody created a node meanwhile, every node there then was this one, and it is
-            # deleted: the new node is alone, with no read. Any other number (someone came; a
-            # server that counts otherwise) costs the read, never a wrong answer.
-            self.client.expect_alone(self._dir, sequence_of(node.child) + 1)
+            # The directory held this node alone when it was read right after its create: the
+            # next create here is alone too if nobody came meanwhile (see _alone_since).
+            self.client.expect_alone(self._dir, sequence_of(node.child) + 1, node.czxid)
+        self.client.prune_later(self._dir)
         return True
 
     def _confirm(self, value: bytes, what: str) -> bool:
@@ -420,8 +457,8 @@ class Semaphore(Lock):
 
 
 class _WatchWaiter:
-    """Waits for what the last failed attempt named: the node just before this waiter's (a
-    lock), or the directory's children (a permit), with a one-shot ZooKeeper watch."""
+    """Waits for what the last failed attempt named (see :mod:`tasklock.zookeeper.queue`), with
+    one-shot ZooKeeper watches; an event that is no news for it re-arms without an attempt."""
 
     def __init__(self, lock: Lock, token: str) -> None:
         self._lock = lock
@@ -431,28 +468,40 @@ class _WatchWaiter:
         pass
 
     def wait(self, timeout: float) -> bool:
-        target = self._lock._watch.get(self._tid)
-        if target is None or timeout <= 0:
+        watch = self._lock._watch.get(self._tid)
+        if watch is None or timeout <= 0:
             return False
-        woken = threading.Event()
-        client = self._lock.client
-        try:
-            if target == self._lock._dir:
-                client.call("watching a semaphore", "get_children", target, watch=_set(woken))
-            elif client.call("watching a lock", "exists", target, watch=_set(woken)) is None:
-                return True  # gone already
-        except Exception:
-            # No watch (ZooKeeper going away): back off, then the next attempt says what is wrong.
-            threading.Event().wait(min(timeout, float(self._lock.sleep)))
-            return False
-        return woken.wait(timeout)
+        deadline = clock.monotonic() + timeout
+        while True:
+            woken = threading.Event()
+            events: list[Any] = []
+            try:
+                if watch.arm(self._lock.client, _note(events, woken.set)):
+                    return True
+            except Exception:
+                # No watch (ZooKeeper going away): back off, then the next attempt says why.
+                threading.Event().wait(min(timeout, float(self._lock.sleep)))
+                return False
+            if not woken.wait(max(0.0, deadline - clock.monotonic())):
+                return False
+            if about_session(events[0]):
+                self._lock.client.wait_connected(max(0.0, deadline - clock.monotonic()))
+                return True
+            if watch.wakes(events[0]):
+                return True
 
     def close(self) -> None:
         self._lock._watch.pop(self._tid, None)
 
 
-def _set(event: threading.Event) -> Callable[[Any], None]:
-    return lambda _: event.set()
+def _note(events: list[Any], wake: Callable[[], Any]) -> Callable[[Any], None]:
+    """A watch callback that keeps the event and wakes the waiter."""
+
+    def fired(event: Any) -> None:
+        events.append(event)
+        wake()
+
+    return fired
 
 
 # -- watchdog ----------------------------------------------------------------------------------

@@ -107,3 +107,25 @@ class Markers:
         except (BadVersionError, NoNodeError):
             return False
         return True
+
+    def prune(self) -> int:
+        """Delete every marker past its expiry; how many. Each by the version read, so a
+        marker claimed or renewed meanwhile stays (ZooKeeper has no TTL on a plain node: a
+        marker nobody claims again would stay for ever)."""
+        root = self.client.path("tasklock", "markers")
+        what = "pruning expired markers"
+        try:
+            keys = self.client.call(what, "get_children", root)
+        except NoNodeError:
+            return 0
+        removed = 0
+        for key in keys:
+            found = self._read(f"{root}/{key}", what)
+            if found is None or found[2] >= 0:
+                continue  # (gone, or live)
+            try:
+                self.client.call(what, "delete", f"{root}/{key}", version=-1 - found[2])
+            except (BadVersionError, NoNodeError):
+                continue
+            removed += 1
+        return removed

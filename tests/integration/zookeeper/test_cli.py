@@ -93,8 +93,25 @@ def test_doctor_opens_a_session_and_probes_a_lock(url: str, run: Run) -> None:
     code, out, err = run("doctor", "--url", url)
     assert (code, err) == (0, "")
     assert out.startswith("tasklock doctor (ZooKeeper, 1 endpoint(s))")
-    for name in ("session", "version", "lock probe"):
+    for name in ("session", "version", "lock probe", "cleanup"):
         assert f"ok    {name}" in out
+
+
+def test_doctor_sweeps_empty_lock_directories_and_expired_markers(url: str, run: Run) -> None:
+    from tasklock.zookeeper.client import client_for
+    from tasklock.zookeeper.markers import Markers
+
+    client = client_for(url)
+    left = client.path("tasklock", "locks", f"left-{uuid.uuid4().hex}")
+    client.kazoo.ensure_path(left)  # (as a crashed holder's session leaves it)
+    Markers(client).claim(f"gone-{uuid.uuid4().hex}", "t-1", 0, "a test")  # expired at once
+    code, out, _ = run("doctor", "--url", url)
+    assert code == 0
+    found = re.search(r"removed (\d+) empty lock directories and (\d+) expired", out)
+    assert found is not None, out
+    assert int(found[1]) >= 1
+    assert int(found[2]) >= 1
+    assert client.kazoo.exists(left) is None
 
 
 @pytest.mark.parametrize(
