@@ -6,15 +6,14 @@ and tooz a coordination driver by its URL. The task policy (:mod:`tasklock.guard
 :mod:`tasklock.pending`, :mod:`tasklock.leader`, beat, the exporter, the admin page and the
 ``tasklock`` commands) asks the entry what it needs and never tests a scheme itself:
 
-* Redis (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``, ``redis+sentinel://``,
-  and ``urls=[...]`` for Redlock) is the built-in entry :data:`REDIS`, the default for any other
-  scheme (whose errors then come from Redis's URL parser). Its locks need the task's own client
-  (the broker's Redis when no URL is set), so the task layer builds them itself.
-* Every other backend names a *hooks* module in its own package (``tasklock.etcd.backend``,
-  ``tasklock.zookeeper.backend``: :class:`Hooks`), imported only when a URL names it, so
-  ``import tasklock`` imports neither httpx nor kazoo; and an *ops* module
-  (``tasklock.ops.etcd_inspect``, ...) that ``tasklock ls/show/release/doctor`` and the admin
-  page read through. Adding a backend is its package, its ops module and one entry here.
+* Every backend names a *hooks* module (:class:`Hooks`): ``tasklock.core.redis_backend`` for
+  Redis (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``, ``redis+sentinel://``,
+  ``urls=[...]`` for Redlock, and a redis-py client: the default for anything that is not a URL
+  of another backend, whose errors then come from Redis's URL parser), and one in each other
+  backend's own package (``tasklock.etcd.backend``, ``tasklock.zookeeper.backend``), imported only
+  when a URL names it, so ``import tasklock`` imports neither httpx nor kazoo; and an *ops*
+  module (``tasklock.ops.etcd_inspect``, ...) that ``tasklock ls/show/release/doctor`` and the
+  admin page read through. Adding a backend is its package, its ops module and one entry here.
 
 What a backend other than Redis does not serve is said per backend by its hooks'
 ``option_problems`` (etcd and ZooKeeper: no ``rate``, which is a Lua script on one Redis), and
@@ -28,8 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from tasklock.core.connection import backend_errors
-from tasklock.core.scripts import CLAIM, DELETE_IF
+from tasklock.core.redis_backend import RedisMarkers
 from tasklock.core.urls import validate_url
 from tasklock.errors import ConfigurationError
 
@@ -43,14 +41,15 @@ __all__ = [
     "ZOOKEEPER",
     "Backend",
     "Hooks",
+    "LockMaker",
     "MarkerStore",
     "RedisMarkers",
     "backend_for",
     "cluster_url",
-    "external_lock",
-    "external_markers",
     "is_external",
     "is_redlock",
+    "lock_on",
+    "markers_on",
     "option_problems",
     "url_problems",
 ]
@@ -70,8 +69,20 @@ class MarkerStore(Protocol):
     def delete_if(self, key: str, task_id: str, what: str) -> bool: ...
 
 
+class LockMaker(Protocol):
+    """Makes the lock of each call of one task (``maker(key, owner_info)``), with the options
+    given to :meth:`Hooks.lock_maker` checked there once: the task layer locks a new key per
+    call, and checking them again on every call was a good part of a call's cost."""
+
+    #: The store it makes locks on (the task layer makes a new maker when its store changes).
+    store: Any
+
+    def __call__(self, key: str, owner_info: Mapping[str, Any] | None) -> BaseLock: ...
+
+
 class Hooks(Protocol):
-    """What a backend's hooks module (``tasklock.<backend>.backend``) provides."""
+    """What a backend's hooks module provides. A *store* is what the task's options name: a URL
+    (and for Redis also a redis-py client, or a list of Redlock's masters)."""
 
     def url_problem(self, option: str, url: str) -> str | None:
         """What is wrong with ``url`` given as ``option``, or None."""
@@ -81,14 +92,23 @@ class Hooks(Protocol):
         """(option, message, hint, check code) for each task option the backend cannot serve."""
         ...
 
-    def lock(self, url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
+    def lock(self, store: Any, key: str, limit: int | None, **common: Any) -> BaseLock:
         """The execution lock (``limit`` > 1: a semaphore of that many permits on the same
         name), with :class:`tasklock.Lock`'s keyword arguments (``fence_key`` may be given and
         is dropped where the store's own ordering is the fence)."""
         ...
 
-    def markers(self, url: str) -> MarkerStore:
-        """The enqueue-marker store on ``url``."""
+    def lock_maker(self, store: Any, limit: int | None, **common: Any) -> LockMaker:
+        """What makes :meth:`lock`'s lock for each call's key (``owner_info`` given per call)."""
+        ...
+
+    def count_clients(self, store: Any) -> list[Any]:
+        """The Redis clients a task on ``store`` writes its fleet counts to (the first that
+        answers), or none where the store keeps no counts."""
+        ...
+
+    def markers(self, store: Any) -> MarkerStore:
+        """The enqueue-marker store on ``store``."""
         ...
 
 
@@ -100,8 +120,8 @@ class Backend:
     name: str
     #: The URL schemes that select it (lower case, without ``://``).
     schemes: tuple[str, ...]
-    #: The module of its :class:`Hooks` (None: Redis, built into the task layer).
-    hooks: str | None
+    #: The module of its :class:`Hooks`.
+    hooks: str
     #: The module in :mod:`tasklock.ops` with ``check_url``, its ``Store`` class (``STORE``
     #: names it) and ``run_doctor``, for the ``tasklock`` commands and the admin page.
     ops: str
@@ -114,16 +134,13 @@ class Backend:
     keeps_counts: bool
     #: Whether one URL lists a whole cluster after commas (never split into several URLs).
     one_url_per_cluster: bool
-
-    @property
-    def external(self) -> bool:
-        """Whether the backend's locks come from its hooks (every backend but Redis)."""
-        return self.hooks is not None
+    #: Whether it is a store other than Redis (which also takes clients and Redlock's lists,
+    #: and is the default for anything that names no other backend).
+    external: bool = True
 
     def load_hooks(self) -> Hooks:
         """The hooks module; without the client library, a ConfigurationError that says what
         to install (rather than an ImportError from deep inside)."""
-        assert self.hooks is not None, f"{self.name} has no hooks module"
         try:
             return cast(Hooks, importlib.import_module(self.hooks))
         except ImportError as exc:
@@ -147,12 +164,13 @@ class Backend:
 REDIS = Backend(
     name="Redis",
     schemes=("redis", "rediss", "unix", "redis+cluster", "redis+sentinel"),
-    hooks=None,
+    hooks="tasklock.core.redis_backend",
     ops="tasklock.ops.stores",
     extra="",
     example="redis://localhost:6379/0",
     keeps_counts=True,
     one_url_per_cluster=False,
+    external=False,
 )
 ETCD = Backend(
     name="etcd",
@@ -196,14 +214,14 @@ def is_external(url: object) -> bool:
     return backend_for(url).external
 
 
-def external_lock(url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
-    """The execution lock on the (non-Redis) backend ``url`` names."""
-    return backend_for(url).load_hooks().lock(url, key, limit, **common)
+def lock_on(store: Any, key: str, limit: int | None, **common: Any) -> BaseLock:
+    """The lock on ``store`` (a URL of any backend, a redis-py client, or Redlock's masters)."""
+    return backend_for(store).load_hooks().lock(store, key, limit, **common)
 
 
-def external_markers(url: str) -> MarkerStore:
-    """The enqueue-marker store on the (non-Redis) backend ``url`` names."""
-    return backend_for(url).load_hooks().markers(url)
+def markers_on(store: Any) -> MarkerStore:
+    """The enqueue-marker store on ``store`` (as :func:`lock_on`)."""
+    return backend_for(store).load_hooks().markers(store)
 
 
 def cluster_url(urls: object) -> str | None:
@@ -225,17 +243,11 @@ def is_redlock(urls: object) -> bool:
 
 def _url_problem(option: str, url: object) -> str | None:
     backend = backend_for(url)
-    if backend.external:
-        try:
-            hooks = backend.load_hooks()
-        except ConfigurationError as exc:
-            return f"{option}={url!r} names {backend.name}, and {exc}"
-        return hooks.url_problem(option, str(url))
     try:
-        validate_url(url, option, etcd_too=True)
+        hooks = backend.load_hooks()
     except ConfigurationError as exc:
-        return str(exc)
-    return None
+        return f"{option}={url!r} names {backend.name}, and {exc}"
+    return hooks.url_problem(option, cast(str, url))  # (Redis's also judges a non-text one)
 
 
 def _mix_problem(urls: Sequence[Any]) -> str:
@@ -313,33 +325,3 @@ def option_problems(options: Mapping[str, Any]) -> list[Problem]:
     except ConfigurationError:
         return []  # (url_problems says what to install)
     return hooks.option_problems(options)
-
-
-class RedisMarkers:
-    """Markers on Redis: the ``CLAIM`` and ``DELETE_IF`` scripts (and PEXPIRE to renew)."""
-
-    __slots__ = ("client",)
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-
-    def claim(self, key: str, task_id: str, ttl_ms: int, what: str) -> str | None:
-        with backend_errors(self.client, what):
-            existing = CLAIM(self.client, (key,), (task_id, ttl_ms))
-        if existing is None:
-            return None
-        return existing.decode() if isinstance(existing, bytes) else str(existing)
-
-    def renew(self, key: str, task_id: str, ttl_ms: int, what: str) -> str | None:
-        with backend_errors(self.client, what):
-            existing = CLAIM(self.client, (key,), (task_id, ttl_ms))
-            if existing is not None:
-                return existing.decode() if isinstance(existing, bytes) else str(existing)
-            # Ours (claimed again, or still ours): a full TTL from now. Only our own run deletes
-            # or replaces a marker that names a pending task, so it is still ours.
-            self.client.pexpire(key, ttl_ms)
-        return None
-
-    def delete_if(self, key: str, task_id: str, what: str) -> bool:
-        with backend_errors(self.client, what):
-            return bool(DELETE_IF(self.client, (key,), (task_id,)))

@@ -37,14 +37,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from tasklock import fleet, observe, stats
-from tasklock.backends import backend_for, external_lock
+from tasklock.backends import LockMaker, backend_for
 from tasklock.config import WHERE_TO_SET_URL, TaskOptions, resolve_options, validate_options
 from tasklock.core.base import BaseLock
 from tasklock.core.clock import clock
 from tasklock.core.connection import client_for_url
-from tasklock.core.lock import Lock
 from tasklock.core.owner import Holder
-from tasklock.core.semaphore import Semaphore
 from tasklock.duplicates import RETRY_FIRST_DELAY, Duplicate, duplicate_retry_delay
 from tasklock.errors import (
     BackendUnavailable,
@@ -169,8 +167,11 @@ class Guard(PendingMarkers):
                 )
         self._options: TaskOptions | None = None
         self._options_lock = threading.Lock()
-        #: What every call's lock on one Redis is copied from (see :meth:`lock_for`).
-        self._lock_template: Lock | None = None
+        #: What makes every call's lock (see :meth:`lock_for`), for the options and store it
+        #: was made for.
+        self._maker: LockMaker | None = None
+        #: Where the maker's store keeps the fleet counts (bound on each use, as they move).
+        self._counts: list[Any] = []
         _guards.add(self)
 
     # -- configuration ---------------------------------------------------------------------------
@@ -190,7 +191,7 @@ class Guard(PendingMarkers):
         """Forget resolved options (Django's override_settings, tests)."""
         with self._options_lock:
             self._options = None
-            self._lock_template = None
+            self._maker = None
 
     def _client(self) -> Any:
         options = self.options
@@ -219,11 +220,11 @@ class Guard(PendingMarkers):
         return f"{self._base()}:fence"
 
     def lock_for(self, key: str, task_id: str | None = None) -> BaseLock:
-        """The execution lock object for ``key``: a :class:`~tasklock.Lock` (a Redlock when
-        ``urls`` is configured), or with ``limit`` > 1 a :class:`~tasklock.Semaphore` of that
-        many permits at the same key (never with ``urls``: validation refuses that). With an
-        ``etcd://`` or ``zookeeper://`` url, that backend's lock
-        (:func:`tasklock.backends.external_lock`).
+        """The execution lock object for ``key``, from the backend the options name
+        (:mod:`tasklock.backends`): on Redis a :class:`~tasklock.Lock` (a Redlock when ``urls``
+        is configured), or with ``limit`` > 1 a :class:`~tasklock.Semaphore` of that many
+        permits at the same key (never with ``urls``: validation refuses that); on etcd or
+        ZooKeeper, that backend's.
 
         A Lock and a Semaphore on one key exclude each other, so a deployment that moves a
         task's ``limit`` between 1 and N never runs more bodies than either allows while old and
@@ -231,35 +232,24 @@ class Guard(PendingMarkers):
         permits held count as the lock taken.
         """
         options = self.options
-        owner = {"task": task_id, "name": self.name} if task_id else {"name": self.name}
-        common: dict[str, Any] = {
-            "timeout": options.ttl,
-            "fence_key": self.fence_key,
-            "watchdog": options.watchdog,
-            "on_lost": self._on_lost,
-            "owner_info": owner,
-        }
-        if options.url is not None and backend_for(options.url).external:
-            return external_lock(options.url, key, options.limit, **common)
-        if options.urls:
-            from tasklock.core.redlock import Redlock
-
-            redlock = Redlock(list(options.urls), key, **common)
-            first, *others = redlock.clients
+        store = self._store()
+        maker = self._maker
+        if maker is None or maker.store is not store:
+            # Made (and the options checked) once per store; each call's lock comes from it.
+            common = {
+                "timeout": options.ttl,
+                "fence_key": self.fence_key,
+                "watchdog": options.watchdog,
+                "on_lost": self._on_lost,
+            }
+            hooks = backend_for(store).load_hooks()
+            maker = self._maker = hooks.lock_maker(store, options.limit, **common)
+            self._counts = hooks.count_clients(store)
+        if self._counts:
+            first, *others = self._counts
             fleet.bind(self.name, first, options.key_prefix, fallbacks=others)
-            return redlock
-        client = self._client()
-        fleet.bind(self.name, client, options.key_prefix)
-        template = self._lock_template
-        if template is None or template.redis is not client:
-            # Made (and its options checked) once per client; every call's lock is a copy of it
-            # for the call's key (Lock.for_name). The template itself is never acquired.
-            if options.limit is not None and options.limit > 1:
-                template = Semaphore(client, key, options.limit, **common)
-            else:
-                template = Lock(client, key, **common)
-            self._lock_template = template
-        return template.for_name(key, owner_info=owner)
+        owner = {"task": task_id, "name": self.name} if task_id else {"name": self.name}
+        return maker(key, owner)
 
     def _on_lost(self, lock: BaseLock) -> None:
         stats.increment("lost", self.name)

@@ -32,11 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from tasklock.backends import backend_for, external_lock
+from tasklock.backends import backend_for, lock_on
 from tasklock.core.base import BaseLock, Number
-from tasklock.core.connection import client_for_url
 from tasklock.core.lease import check_seconds
-from tasklock.core.lock import Lock
 from tasklock.core.owner import Holder
 from tasklock.core.urls import validate_url
 from tasklock.errors import BackendUnavailable, ConfigurationError, LockError
@@ -229,10 +227,7 @@ class Leader:
 def _check_store(store: Any) -> None:
     """A ConfigurationError naming ``store`` unless it is something a Leader can be built on."""
     if isinstance(store, str):
-        backend = backend_for(store)
-        if not backend.external:
-            validate_url(store, "Leader store", etcd_too=True)
-        elif problem := backend.load_hooks().url_problem("Leader store", store):
+        if problem := backend_for(store).load_hooks().url_problem("Leader store", store):
             raise ConfigurationError(problem)
     elif isinstance(store, Sequence) and not isinstance(store, bytes):
         if not store:
@@ -244,8 +239,8 @@ def _check_store(store: Any) -> None:
                 validate_url(item, f"Leader store[{index}]", single_server=True)
     elif not callable(getattr(store, "execute_command", None)):
         raise ConfigurationError(
-            "Leader store must be a redis-py client, a Redis or etcd URL, or a list of Redis "
-            f"URLs (Redlock's masters), got {type(store).__name__}"
+            "Leader store must be a redis-py client, a Redis, etcd or ZooKeeper URL, or a list "
+            f"of Redis URLs (Redlock's masters), got {type(store).__name__}"
         )
 
 
@@ -265,12 +260,4 @@ def _leadership_lock(
         "on_lost": on_lost,
         "owner_info": owner_info,
     }
-    if isinstance(store, str) and backend_for(store).external:
-        return external_lock(store, name, None, **options)
-    if isinstance(store, str):
-        return Lock(client_for_url(store), name, **options)
-    if isinstance(store, Sequence) and not isinstance(store, bytes):
-        from tasklock.core.redlock import Redlock
-
-        return Redlock(list(store), name, **options)
-    return Lock(store, name, **options)
+    return lock_on(store, name, None, **options)

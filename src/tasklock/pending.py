@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tasklock import fleet, stats
-from tasklock.backends import MarkerStore, RedisMarkers, backend_for, external_markers
+from tasklock.backends import MarkerStore, backend_for
 from tasklock.config import TaskOptions
 from tasklock.core.base import BaseLock
 from tasklock.core.clock import clock
-from tasklock.core.connection import client_for_url
 from tasklock.errors import BackendUnavailable, LockError
 
 __all__ = ["PendingMarkers"]
@@ -48,17 +47,24 @@ class PendingMarkers:
     def pending_key(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> str:
         raise NotImplementedError
 
+    def _store(self) -> Any:
+        """What this task's locks and markers live on: a URL of a backend other than Redis,
+        Redlock's masters, or the Redis client (the task's own when no URL is set)."""
+        options = self.options
+        if options.url is not None and backend_for(options.url).external:
+            return options.url
+        if options.urls:
+            return options.urls
+        return self._client()
+
     def _markers(self) -> MarkerStore:
         # The marker is about pending work, not safety: one node suffices (the first with Redlock).
-        options = self.options
-        if options.urls:
-            client = client_for_url(options.urls[0])
-        elif options.url is not None and backend_for(options.url).external:
-            return external_markers(options.url)
-        else:
-            client = self._client()
-        fleet.bind(self.name, client, options.key_prefix)  # enqueue dedupes are counted too
-        return RedisMarkers(client)
+        store = self._store()
+        hooks = backend_for(store).load_hooks()
+        counts = hooks.count_clients(store)
+        if counts:  # enqueue dedupes are counted too
+            fleet.bind(self.name, counts[0], self.options.key_prefix, fallbacks=counts[1:])
+        return hooks.markers(store)
 
     def claim_pending(
         self,

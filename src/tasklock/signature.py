@@ -77,6 +77,15 @@ def _plain(value: Any, path: str) -> Any:
     raise _Unencodable(path, value)
 
 
+#: Canonical JSON text of JSON-native data: sorted keys, no spaces. (One encoder for every call:
+#: ``json.dumps`` with options builds a new one each time, which cost as much as the encoding.)
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+#: Types whose values are their own canonical form (a float must be checked for NaN first; a
+#: bool subclass of int is fine as it is: ``type`` is exact, so subclasses take ``_plain``).
+_AS_IS = frozenset({str, int, bool, type(None)})
+
+
 def _non_finite(value: Any) -> bool:
     """NaN or an infinity (float or Decimal): canonical JSON has no such numbers, and NaN is not
     even equal to itself, so no two calls would agree on it."""
@@ -98,7 +107,7 @@ def _describe(exc: _Unencodable) -> str:
 def canonical_json(value: Any, path: str = "value") -> str:
     """Canonical JSON for ``value``; raises KeyEncodingError naming ``path`` if it cannot."""
     try:
-        return json.dumps(_plain(value, path), sort_keys=True, separators=(",", ":"))
+        return _canonical(_plain(value, path))
     except _Unencodable as exc:
         raise KeyEncodingError(_describe(exc)) from None
 
@@ -147,6 +156,13 @@ class CallKey:
                         f"{task_name}; it cannot be part of the key"
                     )
             self.key = tuple(names)
+        # The common shape, bound without inspect (its bind costs more than the rest of the
+        # key): every parameter positional-or-keyword. Anything else (and every call that does
+        # not fit, to get inspect's own error) takes Signature.bind.
+        self._names: tuple[str, ...] | None = None
+        if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params.values()):
+            self._names = tuple(params)
+        self._defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
 
     def _error(self, detail: str) -> KeyEncodingError:
         return KeyEncodingError(
@@ -164,6 +180,40 @@ class CallKey:
                 raise self._error(str(exc)) from None
         for name in self.exclude:
             kwargs.pop(name, None)
+        arguments = self.bound(args, kwargs)
+        if self.key is not None:
+            arguments = {name: arguments.get(name) for name in self.key}
+        try:
+            parts = {
+                name: value if type(value) in _AS_IS else _plain(value, f"argument {name!r}")
+                for name, value in arguments.items()
+            }
+        except _Unencodable as exc:
+            raise self._error(_describe(exc)) from None
+        return _canonical(parts)
+
+    def bound(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults applied, excluded names left out
+        (``kwargs`` without them already)."""
+        names = self._names
+        if names is not None and len(args) <= len(names):
+            arguments = dict(zip(names, args, strict=False))
+            for name, value in kwargs.items():
+                if name in arguments or name not in self.signature.parameters:
+                    return self._bound_by_inspect(args, kwargs)  # for inspect's own error
+                arguments[name] = value
+            for name in names[len(args) :]:
+                if name not in arguments:
+                    if name not in self._defaults:
+                        return self._bound_by_inspect(args, kwargs)  # a missing argument
+                    arguments[name] = self._defaults[name]
+            if self.exclude:
+                for name in self.exclude:
+                    arguments.pop(name, None)
+            return arguments
+        return self._bound_by_inspect(args, kwargs)
+
+    def _bound_by_inspect(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -177,13 +227,7 @@ class CallKey:
                 # The fencing keyword may land in **kwargs when the function takes no such name.
                 extra = arguments[param.name]
                 arguments[param.name] = {k: v for k, v in extra.items() if k not in self.exclude}
-        if self.key is not None:
-            arguments = {name: arguments.get(name) for name in self.key}
-        try:
-            parts = {name: _plain(value, f"argument {name!r}") for name, value in arguments.items()}
-        except _Unencodable as exc:
-            raise self._error(_describe(exc)) from None
-        return json.dumps(parts, sort_keys=True, separators=(",", ":"))
+        return arguments
 
     def digest(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> str:
         """The first 128 bits of SHA-256 of the canonical call, in hex."""

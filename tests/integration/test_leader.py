@@ -247,8 +247,12 @@ def test_on_redlock_masters(nodes: list[RedisServer]) -> None:
 @pytest.mark.parametrize(
     ("store", "owner_info", "words"),
     [
-        (123, None, "Leader store must be a redis-py client, a Redis or etcd URL"),
-        ("http://127.0.0.1:6379", None, "Leader store='http://127.0.0.1:6379' is not a Redis or"),
+        (123, None, "Leader store must be a redis-py client, a Redis, etcd or ZooKeeper URL"),
+        (
+            "http://127.0.0.1:6379",
+            None,
+            "Leader store='http://127.0.0.1:6379' is not a Redis, etcd or ZooKeeper",
+        ),
         ([], None, "Leader store is an empty list"),
         (["redis://127.0.0.1:1/0", 5], None, r"Leader store\[1\] must be a Redis URL"),
         (None, "web-1", "Leader owner_info must be a dict"),

@@ -38,6 +38,17 @@ def test_every_scheme_names_one_entry_and_only_redis_is_built_in() -> None:
     assert REDIS.keeps_counts
 
 
+@pytest.mark.parametrize("entry", [REDIS, ETCD, ZOOKEEPER], ids=lambda e: e.name)
+def test_every_backend_redis_included_serves_the_whole_seam(entry: backends.Backend) -> None:
+    """Issue 31: Redis is behind the one interface too; the task layer, Leader and the markers
+    ask every backend the same questions and never test which one it is."""
+    hooks = entry.load_hooks()
+    for member in ("url_problem", "option_problems", "lock", "lock_maker", "count_clients"):
+        assert callable(getattr(hooks, member, None)), f"{entry.hooks} lacks {member}"
+    assert callable(getattr(hooks, "markers", None))
+    assert sorted(hooks.__all__) == list(hooks.__all__)  # type: ignore[attr-defined]
+
+
 def test_urls_of_one_cluster_are_one_url_never_redlock() -> None:
     members = ["zookeeper://a:2181", "zookeeper://b:2181"]
     assert cluster_url(members) == "zookeeper://a:2181,zookeeper://b:2181"

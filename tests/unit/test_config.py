@@ -32,7 +32,7 @@ from tasklock.errors import ConfigurationError
         ({"key": "account_id"}, "key must be None, a list"),
         ({"key": [1]}, "key must list argument names"),
         ({"key_prefix": ""}, "key_prefix"),
-        ({"url": "localhost:6379"}, "url='localhost:6379' is not a Redis or etcd URL"),
+        ({"url": "localhost:6379"}, "url='localhost:6379' is not a Redis, etcd or ZooKeeper URL"),
         ({"urls": ["redis://a", "redis://a", "redis://b"]}, "same server twice"),
         ({"urls": ["redis://a", "redis://b"]}, "tolerates 0 failed"),
         ({"urls": ["redis://a", "redis://b", "redis://c", "redis://d"]}, "use an odd number"),

@@ -152,3 +152,34 @@ def test_kombu_round_trip_of_rich_types_keeps_the_key() -> None:
     call = [uuid.UUID(int=5), dt.datetime(2026, 1, 1, tzinfo=dt.UTC), decimal.Decimal("2.50")]
     sent = kombu_json.loads(kombu_json.dumps(call))
     assert key.digest(call, {}) == key.digest(sent, {})
+
+
+def plain_shape(a: Any, b: Any = 2, c: Any = None, fence_token: Any = None) -> None: ...
+
+
+_calls = st.tuples(
+    st.lists(st.integers(), max_size=5),
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d", "fence_token"]), st.integers(), max_size=4
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_calls)
+def test_the_quick_binding_agrees_with_inspect_on_every_call(call: Any) -> None:
+    """Issue 28: the common signature is bound without inspect (its bind was most of the key's
+    cost). For every call, fitting or not, it gives what inspect gives, or inspect's own error."""
+    args, kwargs = call
+    key = CallKey(plain_shape, "t.plain", exclude=["fence_token"])
+    assert key._names is not None  # the quick path is taken
+    kwargs = {k: v for k, v in kwargs.items() if k != "fence_token"}
+    try:
+        expected: Any = key._bound_by_inspect(tuple(args), kwargs)
+    except TypeError as exc:
+        expected = str(exc)
+    try:
+        got: Any = key.bound(tuple(args), kwargs)
+    except TypeError as exc:
+        got = str(exc)
+    assert got == expected

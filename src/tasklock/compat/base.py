@@ -42,7 +42,7 @@ class CompatGuard(Guard):
     ) -> None:
         super().__init__(_any_call, name, options, conf=conf)
         self._key = key
-        self._store = markers
+        self._marker_store = markers
         self._store_client = client
         self._last = threading.local()
 
@@ -58,7 +58,7 @@ class CompatGuard(Guard):
         return key
 
     def _markers(self) -> MarkerStore:
-        return self._store()
+        return self._marker_store()
 
     def _client(self) -> Any:
         client = self._store_client()

@@ -10,12 +10,15 @@ Only what a backend does differently stays in its own hooks module.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tasklock.errors import ConfigurationError
 
-__all__ = ["PerUrl", "rate_refusal", "url_problem"]
+if TYPE_CHECKING:
+    from tasklock.core.base import BaseLock
+
+__all__ = ["PerCall", "PerUrl", "rate_refusal", "url_problem"]
 
 T = TypeVar("T")
 
@@ -60,3 +63,26 @@ def rate_refusal(a_url: str, store: str) -> tuple[str, str, str, str]:
         "cannot run"
     )
     return ("rate", message, RATE_HINT, "E016")
+
+
+class PerCall:
+    """A lock maker (:class:`tasklock.backends.LockMaker`) that makes each call's lock anew
+    with ``lock(store, key, limit, owner_info=..., **common)``: for stores whose locks cost little
+    to make (their clients are kept per URL)."""
+
+    __slots__ = ("_common", "_limit", "_lock", "store")
+
+    def __init__(
+        self,
+        lock: Callable[..., BaseLock],
+        store: Any,
+        limit: int | None,
+        common: Mapping[str, Any],
+    ) -> None:
+        self.store = store
+        self._lock = lock
+        self._limit = limit
+        self._common = {k: v for k, v in common.items() if k != "owner_info"}
+
+    def __call__(self, key: str, owner_info: Mapping[str, Any] | None) -> BaseLock:
+        return self._lock(self.store, key, self._limit, owner_info=owner_info, **self._common)

@@ -115,13 +115,19 @@ def redacted(url: str) -> str:
 
 def parse_redis_url(url: object, option: str = "url", *, etcd_too: bool = False) -> RedisURL:
     """Parse and check ``url``; a ConfigurationError names ``option``, the URL and the bad part.
-    ``etcd_too``: where ``option`` takes an etcd URL as well, the error says so."""
-    what = "a Redis or etcd URL" if etcd_too else "a Redis URL"
+    ``etcd_too``: where ``option`` takes the other backends' URLs as well (etcd, ZooKeeper), the
+    error says so."""
+    what = "a Redis, etcd or ZooKeeper URL" if etcd_too else "a Redis URL"
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"{option} must be {what} string, got {url!r}")
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme not in _SCHEMES:
-        etcd = ", or etcd:// / etcds:// for etcd (etcd://h1:2379,h2:2379)" if etcd_too else ""
+        etcd = (
+            ", or etcd:// / etcds:// for etcd (etcd://h1:2379,h2:2379), or zookeeper:// for "
+            "ZooKeeper (zookeeper://zk1:2181,zk2:2181/tasklock)"
+            if etcd_too
+            else ""
+        )
         raise ConfigurationError(
             f"{option}={redacted(url)!r} is not {what}: it must start with redis://, "
             f"rediss://, unix://, redis+cluster:// or redis+sentinel:// (for example "

@@ -8,13 +8,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from tasklock.core import backend_hooks
-from tasklock.core.backend_hooks import PerUrl, rate_refusal
+from tasklock.core.backend_hooks import PerCall, PerUrl, rate_refusal
 from tasklock.core.base import BaseLock
 from tasklock.etcd import protocol
 from tasklock.etcd.client import Client
 from tasklock.etcd.markers import Markers
 
-__all__ = ["client", "lock", "markers", "option_problems", "url_problem"]
+__all__ = [
+    "client",
+    "count_clients",
+    "lock",
+    "lock_maker",
+    "markers",
+    "option_problems",
+    "url_problem",
+]
 
 _clients = PerUrl(Client)
 _markers = PerUrl(lambda url: Markers(client(url)))
@@ -66,3 +74,13 @@ def lock(url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
 def markers(url: str) -> Markers:
     """The enqueue-marker store on the etcd cluster ``url`` names."""
     return _markers(url)
+
+
+def lock_maker(url: str, limit: int | None, **common: Any) -> PerCall:
+    """Each call's lock on etcd, made anew (the client is kept per URL)."""
+    return PerCall(lock, url, limit, common)
+
+
+def count_clients(url: str) -> list[Any]:
+    """etcd keeps no fleet counts: tasks on it count in each process."""
+    return []

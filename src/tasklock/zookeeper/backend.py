@@ -7,13 +7,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from tasklock.core import backend_hooks
-from tasklock.core.backend_hooks import PerUrl, rate_refusal
+from tasklock.core.backend_hooks import PerCall, PerUrl, rate_refusal
 from tasklock.core.base import BaseLock
 from tasklock.zookeeper.client import client_for, parse_url
 from tasklock.zookeeper.lock import Lock, Semaphore
 from tasklock.zookeeper.markers import Markers
 
-__all__ = ["lock", "markers", "option_problems", "url_problem"]
+__all__ = [
+    "count_clients",
+    "lock",
+    "lock_maker",
+    "markers",
+    "option_problems",
+    "url_problem",
+]
 
 _markers = PerUrl(lambda url: Markers(client_for(url)))
 
@@ -43,3 +50,13 @@ def lock(url: str, key: str, limit: int | None, **common: Any) -> BaseLock:
 def markers(url: str) -> Markers:
     """The enqueue-marker store on the ensemble ``url`` names."""
     return _markers(url)
+
+
+def lock_maker(url: str, limit: int | None, **common: Any) -> PerCall:
+    """Each call's lock on ZooKeeper, made anew (the client is kept per URL)."""
+    return PerCall(lock, url, limit, common)
+
+
+def count_clients(url: str) -> list[Any]:
+    """ZooKeeper keeps no fleet counts: tasks on it count in each process."""
+    return []

@@ -228,7 +228,7 @@ def test_urls_listing_etcd_members_is_one_etcd_cluster(url: str) -> None:
 
 def test_the_etcd_client_is_shared_per_url(url: str) -> None:
     assert etcd_backend.client(url) is etcd_backend.client(url)
-    assert backends.external_markers(url) is backends.external_markers(url)
+    assert backends.markers_on(url) is backends.markers_on(url)
 
 
 def test_limit_runs_n_at_once_on_etcd_and_excludes_the_lock(url: str) -> None:

@@ -33,7 +33,10 @@ async def coroutine_job(name: str) -> None: ...
         ({"tll": 30}, r"unknown option 'tll'"),
         ({"on_backend_error": "ignore"}, r"on_backend_error must be one of 'raise', 'run'"),
         ({"dedupe_enqueue": "yes"}, r"dedupe_enqueue must be False, True or 'until_start'"),
-        ({"url": "http://localhost:6379"}, r"url=.http://localhost:6379. is not a Redis or etcd"),
+        (
+            {"url": "http://localhost:6379"},
+            r"url=.http://localhost:6379. is not a Redis, etcd or ZooKeeper",
+        ),
         ({"key": ["account"]}, r"key names argument 'account', but .*settle takes"),
         ({"key": "account_id"}, r"key must be None, a list of argument names or a callable"),
         ({"fencing": True}, r"fencing passes fence_token= to .*settle, but it does not accept"),

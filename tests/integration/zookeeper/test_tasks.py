@@ -99,7 +99,7 @@ def test_enqueue_markers_claim_renew_expire_and_clear(url: str) -> None:
 
 
 def test_an_expired_marker_counts_as_absent(url: str) -> None:
-    markers = backends.external_markers(url)
+    markers = backends.markers_on(url)
     assert markers.claim("zk:marker:short", "old", 1, "testing") is None
     assert markers.claim("zk:marker:short", "new", 30_000, "testing") in (None, "old")
     client = client_for(url)
