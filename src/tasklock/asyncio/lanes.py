@@ -68,7 +68,7 @@ class LaneConnection:
     def __init__(self, lane: AsyncLane, connection: Any) -> None:
         self.lane = lane
         self.checked_out = True
-        #: When the reply now awaited must have come (the loop's clock), or None (see
+        #: When the reply now awaited must have come (by time.monotonic), or None (see
         #: :meth:`answer_within`); ``_timer`` is the one timer that checks it.
         self.deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
