@@ -244,6 +244,50 @@ def test_asyncio_a_slow_link_costs_time_never_the_hold(
     assert direct.get("net:async-slow") is None
 
 
+def test_asyncio_a_silent_server_times_the_call_out_and_its_connection_is_dropped(
+    servers: list[RedisServer], proxies: list[TcpProxy]
+) -> None:
+    """The asyncio lock's own connections keep the client's ``socket_timeout``: an acquire that
+    hears nothing (a partition) fails once it has passed, whether the connection's one timer was
+    armed by an earlier call or by this one; and the connection is closed, so its late reply is
+    never read as the answer of a later call."""
+    import redis.asyncio as aioredis
+
+    from tasklock.asyncio import Lock as AsyncLock
+    from tasklock.asyncio.lanes import async_lane_for
+    from tasklock.errors import BackendUnavailable
+
+    direct = servers[0].client()
+    read_timeout = 0.3
+
+    async def scenario() -> None:
+        client = aioredis.Redis(host="127.0.0.1", port=proxies[0].port, socket_timeout=read_timeout)
+        lane = async_lane_for(client)
+        assert lane is not None
+        for _ in range(3):  # a lane connection in stock, the scripts loaded
+            async with AsyncLock(client, "net:async-silent-warm-up", timeout=5):
+                pass
+        for armed_before in (True, False):  # the timer armed by the warm-up's calls, then not
+            if not armed_before:
+                await asyncio.sleep(2 * read_timeout)  # (that timer has fired; none is armed)
+            proxies[0].partition()
+            lock = AsyncLock(client, "net:async-silent", timeout=0.5)
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await asyncio.wait_for(lock.acquire(blocking=False), 10)
+            waited = time.monotonic() - started
+            assert read_timeout <= waited < read_timeout + 1.0, waited
+            assert not lane._idle, "the timed-out connection went back to the stock"
+            proxies[0].heal()  # the held acquire reaches the server now: its key expires
+            await async_eventually(lambda: not direct.exists("net:async-silent"),
+                                   "the late acquire's key expired", timeout=5)  # fmt: skip
+            async with AsyncLock(client, "net:async-silent", timeout=5) as again:
+                assert direct.get("net:async-silent") == again.local.token
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("noticed", [False, True], ids=["unnoticed", "noticed"])
 def test_asyncio_redlock_release_reaches_a_master_whose_connection_was_broken(
     servers: list[RedisServer], proxies: list[TcpProxy], noticed: bool

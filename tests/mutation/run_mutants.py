@@ -161,7 +161,7 @@ MUTANTS = (
     Mutant(
         "lease-never-runs-out-by-the-clock",
         "lost ignores this process's clock: a paused holder acts once more on its old fence",
-        "core/lease.py",
+        "core/hold.py",
         "        return at is not None and now >= at",
         "        return False",
         ("tests/integration/test_lost_by_clock.py",),

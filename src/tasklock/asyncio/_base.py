@@ -100,6 +100,8 @@ class TaskLocal:
             raise AttributeError(f"tasklock's task-local lock state has no {name!r}")
         state = _task_holds.get({}).get(self)
         if state is None:
+            if value is None:
+                return  # what reading it gives already: no new state (a new lock sets its token)
             state = self.fresh()
         state[name] = value
 
@@ -234,7 +236,10 @@ class AsyncBaseLock(LeaseCore):
                 if waiter is not None:
                     waiter.arm()
                 sent = clock.monotonic()
-                attempt = await self._shielded_attempt(owner, waiter is not None)
+                if self._attempt_is_cancel_safe:  # (one coroutine fewer on the hot path)
+                    attempt = await self._attempt(owner, waiter is not None)
+                else:
+                    attempt = await self._shielded_attempt(owner, waiter is not None)
                 if attempt.acquired:
                     assert attempt.value is not None
                     self._start_hold(attempt.value, attempt.fence, sent)

@@ -34,6 +34,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Callable, Sequence
+from time import monotonic
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -62,11 +63,15 @@ class LaneConnection:
     :meth:`write`, and each reply goes to the callback given to ``reader.expect``, in order. A
     connection taken from its lane goes back to it by itself once its last reply is in."""
 
-    __slots__ = ("_writer", "checked_out", "lane", "reader", "transport")
+    __slots__ = ("_timer", "_writer", "checked_out", "deadline", "lane", "reader", "transport")
 
     def __init__(self, lane: AsyncLane, connection: Any) -> None:
         self.lane = lane
         self.checked_out = True
+        #: When the reply now awaited must have come (by time.monotonic), or None (see
+        #: :meth:`answer_within`); ``_timer`` is the one timer that checks it.
+        self.deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
         writer, stream = connection._writer, connection._reader
         # Kept: asyncio's StreamWriter closes its transport when it is garbage collected.
         self._writer = writer
@@ -89,13 +94,44 @@ class LaneConnection:
             raise redis_errors.ConnectionError(f"the connection to {self.lane.where} is closed")
         self.transport.write(data)
 
+    def answer_within(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+        """The reply now awaited must come within ``seconds``, or the connection is closed and
+        its waiting callbacks get a TimeoutError (as redis-py's own read timeout would do).
+
+        One timer per connection, not one per call: it is armed when none is, and when it fires
+        it only looks at the deadline of the reply awaited then (re-armed for that one, if it
+        is not yet due). ``asyncio.timeout`` per call (a Timeout, a timer in the loop's heap,
+        the task's cancel bookkeeping, each way) cost a lock cycle more CPU than its two
+        replies' parsing and delivery together."""
+        # By time.monotonic (one C call; the loop's own clock may differ, as uvloop's does: it
+        # is used only to set the timer, which is rare).
+        self.deadline = monotonic() + seconds
+        if self._timer is None:
+            self._timer = loop.call_later(seconds, self._check_deadline, loop)
+
+    def _check_deadline(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        deadline = self.deadline
+        if deadline is None or not self.reader.waiting:
+            return  # idle since: the next call arms the timer again
+        left = deadline - monotonic()
+        if left > 0:
+            self._timer = loop.call_later(left, self._check_deadline, loop)
+            return
+        self.reader.fail(redis_errors.TimeoutError(f"Timeout reading from {self.lane.where}"))
+        self.close()
+
     def _idle(self, _reader: ReplyReader) -> None:
+        self.deadline = None
         if self.checked_out:
             self.lane.put(self)
 
     def close(self) -> None:
         self.checked_out = False
+        timer, self._timer = self._timer, None
         with contextlib.suppress(Exception):  # (its loop closed: it goes with the collector)
+            if timer is not None:
+                timer.cancel()
             self.transport.abort()
 
 
@@ -251,6 +287,7 @@ class AsyncBoundScript:
         """The script's answer. If the caller is cancelled while the reply is on its way, the
         reply still arrives: ``on_late`` gets it, and ``on_cancel`` a future of it."""
         lane = self._lane
+        connection = None
         if lane is not None:
             packed = b"*%d\r\n%s%s%s" % (
                 self._argc + len(args),
@@ -258,7 +295,13 @@ class AsyncBoundScript:
                 _bulk(map(lane.encode, args)),
                 self._tail,
             )
-            connection = lane.take_idle() or await lane.connect()
+            connection = lane.take_idle()  # (usable, and nothing is awaited before the write)
+            if connection is None:
+                connection = await lane.connect()
+                if not connection.usable:  # lost while it was being set up
+                    connection.close()
+                    connection = None
+        if lane is not None and connection is not None:
             loop = asyncio.get_running_loop()
             answered: asyncio.Future[Any] = loop.create_future()
             late: list[asyncio.Future[Any]] = []
@@ -280,37 +323,28 @@ class AsyncBoundScript:
                     except Exception:
                         log.exception("handling the late reply of a %s call", self.script.name)
 
+            connection.transport.write(packed)
+            connection.reader.expect(deliver)
+            if lane.timeout is not None:  # (a reply past it: a TimeoutError, raised below)
+                connection.answer_within(loop, lane.timeout)
             try:
-                connection.write(packed)
-            except redis_errors.ConnectionError:
-                connection.close()  # and the ordinary path tries again
-            else:
-                connection.reader.expect(deliver)
-                try:
-                    if lane.timeout is None:
-                        answer = await answered
+                answer = await answered
+            except asyncio.CancelledError:
+                if on_cancel is not None:
+                    future = loop.create_future()
+                    if delivered:  # the late reply is already in
+                        _resolve(future, delivered[0])
                     else:
-                        async with asyncio.timeout(lane.timeout):
-                            answer = await answered
-                except TimeoutError:
-                    connection.close()
-                    raise redis_errors.TimeoutError(f"Timeout reading from {lane.where}") from None
-                except asyncio.CancelledError:
-                    if on_cancel is not None:
-                        future = loop.create_future()
-                        if delivered:  # the late reply is already in
-                            _resolve(future, delivered[0])
-                        else:
-                            late.append(future)
-                        on_cancel(future)
-                    if answered.done() and not answered.cancelled():
-                        # The reply came in before the cancellation was delivered: late all
-                        # the same (an acquire that took the lock must release it).
-                        handle_late(answered.result())
-                    raise
-                if not isinstance(answer, NoScriptError | redis_errors.ConnectionError):
-                    if isinstance(answer, BaseException):
-                        raise answer
-                    return answer
-                # NOSCRIPT (not run) or a lost connection: the ordinary way, as a first retry
+                        late.append(future)
+                    on_cancel(future)
+                if answered.done() and not answered.cancelled():
+                    # The reply came in before the cancellation was delivered: late all the
+                    # same (an acquire that took the lock must release it).
+                    handle_late(answered.result())
+                raise
+            if not isinstance(answer, NoScriptError | redis_errors.ConnectionError):
+                if isinstance(answer, BaseException):
+                    raise answer
+                return answer
+            # NOSCRIPT (not run) or a lost connection: the ordinary way, as a first retry
         return await run_script(self.client, self.script, self.keys, (*args, *self.tail))

@@ -115,10 +115,13 @@ class Lock(AsyncBaseLock):
     async def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._acquiring, self._layout.acquire_keys):
+        try:
             ok, number = await self._acquire_script(
                 *self._layout.attempt_args(token, waiting), on_late=self._took_while_cancelled
             )
+        except Exception:  # (backend_errors only here: a block per call costs three calls)
+            with backend_errors(self.redis, self._acquiring, self._layout.acquire_keys):
+                raise
         if ok:
             return Attempt(True, f"{token}#{number}".encode(), int(number))
         return Attempt(False, holder_ttl=number / 1000 if number >= 0 else None)
@@ -128,8 +131,11 @@ class Lock(AsyncBaseLock):
     ) -> bool:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._releasing, self._layout.release_keys[:1]):
+        try:
             released = await self._release_script(value, on_cancel=on_cancel)
+        except Exception:
+            with backend_errors(self.redis, self._releasing, self._layout.release_keys[:1]):
+                raise
         if released == PUBLISH_REFUSED:
             warn_wakeup_refused(describe_client(self.redis), "PUBLISH")
         return bool(released)
@@ -150,7 +156,12 @@ class Lock(AsyncBaseLock):
         """This client's wake-up hub on the running loop, looked up once per client and loop."""
         cached = self._hub_cache
         loop = asyncio.get_running_loop()
-        if cached is None or cached[0]() is not loop or cached[1] is not self.redis:
+        if (
+            cached is None
+            or cached[0]() is not loop
+            or cached[1] is not self.redis
+            or cached[2].retired
+        ):
             # (A weak reference: a lock object must not keep a closed loop alive.)
             cached = self._hub_cache = (weakref.ref(loop), self.redis, async_hub_for(self.redis))
         return cached[2]

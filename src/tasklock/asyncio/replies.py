@@ -80,6 +80,11 @@ class ReplyReader(asyncio.Protocol):
         if not self._waiting and self.on_idle is not None and self.lost is None:
             self.on_idle(self)
 
+    def fail(self, error: BaseException) -> None:
+        """Give up on this connection: each waiting callback (and any registered later) gets
+        ``error``."""
+        self._lose(error)
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self._lose(RedisConnectionError(f"Connection to {self._where} lost: {exc or 'closed'}"))
 

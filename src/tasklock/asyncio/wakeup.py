@@ -12,6 +12,7 @@ in a weak mapping, so a closed loop's listeners go with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
 from typing import Any
@@ -41,6 +42,8 @@ class AsyncWakeupHub:
         self._pubsub = listener_client(client).pubsub()
         self._book = ChannelBook(asyncio.Event)
         self._task: asyncio.Task[None] | None = None
+        #: Set when its listener ended and it left ``_hubs``: the next waiter makes a new one.
+        self.retired = False
 
     async def watch(
         self, channel: str, event: asyncio.Event | None = None, token: str | None = None
@@ -128,6 +131,7 @@ class AsyncWakeupHub:
             for key, hub in list(per_loop.items()):
                 if hub is self:
                     del per_loop[key]
+            self.retired = True
             if not per_loop:
                 _hubs.pop(loop, None)
             try:
@@ -169,11 +173,30 @@ _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...]
 _hubs = weakref.WeakKeyDictionary()
 
 
+#: The hub each client object last got, on which loop (both weakly: nothing here keeps a loop
+#: or a hub alive): a lock made per use asks once per object, and working out the server's
+#: identity each time cost it more than this lookup (as ``hub_for`` in tasklock.core.wakeup).
+_hub_of_client: weakref.WeakKeyDictionary[
+    Any, tuple[weakref.ref[asyncio.AbstractEventLoop], weakref.ref[AsyncWakeupHub]]
+] = weakref.WeakKeyDictionary()
+
+
 def async_hub_for(client: Any) -> AsyncWakeupHub:
     """The running loop's listener for ``client``'s server."""
-    per_loop = _hubs.setdefault(asyncio.get_running_loop(), {})
+    loop = asyncio.get_running_loop()
+    try:
+        known_loop, known_hub = _hub_of_client[client]
+    except (KeyError, TypeError):  # (TypeError: a client that cannot be weakly referenced)
+        pass
+    else:
+        hub = known_hub()
+        if hub is not None and not hub.retired and known_loop() is loop:
+            return hub
+    per_loop = _hubs.setdefault(loop, {})
     key = server_identity(client)
     hub = per_loop.get(key)
     if hub is None:
         hub = per_loop[key] = AsyncWakeupHub(client)
+    with contextlib.suppress(TypeError):
+        _hub_of_client[client] = (weakref.ref(loop), weakref.ref(hub))
     return hub
