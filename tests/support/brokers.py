@@ -84,10 +84,36 @@ def start_rabbitmq() -> Iterator[str]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
-        # The node runs under su as the rabbitmq user: make sure nothing of it is left.
-        subprocess.run(["pkill", "-f", node], check=False, capture_output=True)
+        # The node runs under su as the rabbitmq user, in a session of its own, and its command
+        # line names neither the node nor its directory (the pkill -f this did found nothing,
+        # and every run left a node behind): find its processes by their environment.
+        _stop_node(node)
         log.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _stop_node(node: str) -> None:
+    """SIGTERM, then SIGKILL after a grace, every process started with ``RABBITMQ_NODENAME``
+    ``node`` (the Erlang VM, epmd's child, the shell around them)."""
+    import psutil
+
+    def of_node() -> list[psutil.Process]:
+        found = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get("RABBITMQ_NODENAME") == node:
+                    found.append(process)
+        return found
+
+    processes = of_node()
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 def _answers(url: str) -> bool:
