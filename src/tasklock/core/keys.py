@@ -67,8 +67,11 @@ def fence_key_for(name: str) -> str:
 
 def queue_keys_for(name: str) -> tuple[str, str]:
     """The fair-waiting queue of ``name`` (see :mod:`tasklock.core.queue_scripts`): its list of
-    waiters and its sorted set of their liveness deadlines, in ``name``'s cluster slot."""
-    return _beside(name, "queue"), _beside(name, "waiters")
+    waiters and its sorted set of their liveness deadlines, in ``name``'s cluster slot (as
+    :func:`_beside` puts them, written out: a lock made per call asks for them)."""
+    if hash_tag(name) is not None or "}" in name:
+        return f"{name}:queue", f"{name}:waiters"
+    return f"{{{name}}}:queue", f"{{{name}}}:waiters"
 
 
 def fence_counter_ttl_ms(lock_ttl: float) -> int:

@@ -9,9 +9,8 @@ nothing else differently.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from tasklock.core.keys import fence_counter_ttl_ms, queue_keys_for, wake_channel, wake_id
 from tasklock.core.owner import token_id
@@ -44,9 +43,10 @@ WAITER_LIVENESS = 3.0
 LAYOUT_CACHE_SIZE = 4096
 
 
-@dataclass(frozen=True)
-class Layout:
-    """The server side of one lock object (see the module docstring)."""
+class Layout(NamedTuple):
+    """The server side of one lock object (see the module docstring). A named tuple, not a
+    frozen dataclass: a lock made per call builds one, and a frozen dataclass's ``__init__``
+    cost as much as everything else in :func:`lock_layout`."""
 
     acquire: Script
     acquire_keys: tuple[str, ...]

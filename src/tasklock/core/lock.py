@@ -17,6 +17,7 @@ from typing import Any, Self
 from tasklock.core.base import Attempt, BaseLock, Number, _Waiter
 from tasklock.core.connection import backend_errors, describe_client
 from tasklock.core.keys import wake_channel
+from tasklock.core.lanes import lane_for
 from tasklock.core.layouts import WAITER_LIVENESS, Layout, lock_layout
 from tasklock.core.lease import (
     check_fair,
@@ -26,6 +27,7 @@ from tasklock.core.lease import (
 )
 from tasklock.core.permits import PermitState
 from tasklock.core.renewal import judge_single
+from tasklock.core.scripting import BoundScript
 from tasklock.core.scripts import PERMIT_STATE
 from tasklock.core.wakeup import PUBLISH_REFUSED, WakeupHub, hub_for, warn_wakeup_refused
 from tasklock.core.watchdog import Renewal
@@ -135,8 +137,14 @@ class Lock(BaseLock):
         # The hot path: acquire and release pre-encoded for this client (see BoundScript).
         layout = self._layout
         self._bound_to = client
-        self._acquire_script = layout.acquire.bind(client, layout.acquire_keys, layout.acquire_tail)
-        self._release_script = layout.release.bind(client, layout.release_keys, layout.release_tail)
+        lane = lane_for(client)  # looked up, and the keys both share encoded, once
+        known: dict[Any, bytes] = {}
+        self._acquire_script = BoundScript(
+            layout.acquire, client, layout.acquire_keys, layout.acquire_tail, lane=lane, known=known
+        )
+        self._release_script = BoundScript(
+            layout.release, client, layout.release_keys, layout.release_tail, lane=lane, known=known
+        )
 
     def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         if self.redis is not self._bound_to:

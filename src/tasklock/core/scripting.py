@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import redis.exceptions as redis_errors
 from redis.exceptions import NoScriptError
 
-from tasklock.core.lanes import ENCODED_LIMIT, lane_for, round_trip
+from tasklock.core.lanes import ENCODED_LIMIT, Lane, lane_for, round_trip
 
 __all__ = ["BoundScript", "EncodingLane", "Script", "encoded_parts", "run_batch"]
 
@@ -113,15 +113,26 @@ class BoundScript:
     __slots__ = ("_argc", "_head", "_lane", "_tail", "client", "keys", "script", "tail")
 
     def __init__(
-        self, script: Script, client: Any, keys: Sequence[Any], tail: Sequence[Any] = ()
+        self,
+        script: Script,
+        client: Any,
+        keys: Sequence[Any],
+        tail: Sequence[Any] = (),
+        *,
+        lane: Lane | bool | None = True,
+        known: dict[Any, bytes] | None = None,
     ) -> None:
+        """``lane``: the client's lane when the caller has looked it up already (True: look it
+        up); ``known``: keys encoded for another call of the same lock (:func:`encoded_parts`)."""
         self.script = script
         self.client = client
         self.keys = tuple(keys)
         self.tail = tuple(tail)
-        self._lane = lane = lane_for(client)
+        self._lane = lane = lane_for(client) if lane is True else lane or None
         if lane is not None:
-            self._head, self._tail, self._argc = encoded_parts(lane, script, self.keys, self.tail)
+            self._head, self._tail, self._argc = encoded_parts(
+                lane, script, self.keys, self.tail, known
+            )
 
     def __call__(self, *args: Any) -> Any:
         lane = self._lane
@@ -147,21 +158,52 @@ class EncodingLane(Protocol):
     encoded: dict[tuple[Any, ...], tuple[bytes, bytes, int]]
 
 
+def _bulk_keys(
+    keys: tuple[Any, ...], encode: Callable[[Any], bytes], known: dict[Any, bytes]
+) -> bytes:
+    """The key count and the keys as RESP bulk strings; ``known``: keys already encoded (a
+    lock's acquire and release share most of theirs), added to as it goes."""
+    count = b"%d" % len(keys)
+    parts = [b"$%d\r\n%s\r\n" % (len(count), count)]
+    for key in keys:
+        bulk = known.get(key)
+        if bulk is None:
+            encoded = encode(key)
+            bulk = known[key] = b"$%d\r\n%s\r\n" % (len(encoded), encoded)
+        parts.append(bulk)
+    return b"".join(parts)
+
+
 def encoded_parts(
-    lane: EncodingLane, script: Script, keys: tuple[Any, ...], tail: tuple[Any, ...]
+    lane: EncodingLane,
+    script: Script,
+    keys: tuple[Any, ...],
+    tail: tuple[Any, ...],
+    known: dict[Any, bytes] | None = None,
 ) -> tuple[bytes, bytes, int]:
     """The fixed parts of a bound call (the head through the keys, the trailing arguments, and
-    the count of fixed words), encoded once per lane (see :attr:`Lane.encoded`)."""
+    the count of fixed words), encoded once per lane (see :attr:`Lane.encoded`). ``known``: keys
+    encoded for another call of the same lock (see :func:`_bulk_keys`)."""
     memo = lane.encoded
     cache_key = (script.sha, keys, tail)
     parts = memo.get(cache_key)
     if parts is None:
         encode = lane.encode
-        parts = (
-            script.packed_head + _bulk([b"%d" % len(keys), *map(encode, keys)]),
-            _bulk(map(encode, tail)),
-            3 + len(keys) + len(tail),
-        )
+        # The trailing arguments (a TTL, a limit) are the same for every name of one lock's
+        # options: kept apart, under ("tail", tail), so a new name encodes only its keys.
+        # A tail that starts with text starts with a wake channel, new with each name (a
+        # release's): not kept apart. One that starts with a number (an acquire's TTLs, limit)
+        # is the same for every name of one lock's options.
+        if tail and type(tail[0]) is int:
+            tail_key = ("tail", tail)
+            encoded_tail = memo.get(tail_key)
+            if encoded_tail is None:
+                encoded_tail = memo[tail_key] = (b"", _bulk(map(encode, tail)), len(tail))
+            tail_bytes = encoded_tail[1]
+        else:
+            tail_bytes = _bulk(map(encode, tail))
+        head = script.packed_head + _bulk_keys(keys, encode, {} if known is None else known)
+        parts = (head, tail_bytes, 3 + len(keys) + len(tail))
         if len(memo) >= ENCODED_LIMIT:
             memo.clear()
         memo[cache_key] = parts
