@@ -208,6 +208,23 @@ def test_latency_beyond_validity_fails_and_undoes_everywhere(nodes: list[RedisSe
         client.close()
 
 
+def hold_on_every_master(lock: Redlock, clients: list[redis.Redis]) -> None:
+    """Take ``lock`` so that every master holds its key: a master still connecting (new, or
+    restarted by an earlier test) when a quorum had answered never got the SET, so such a hold
+    is released and taken again."""
+
+    def held_everywhere() -> bool:
+        assert lock.acquire()  # (blocking: a round with no verdict is tried again)
+        try:
+            eventually(lambda: all(c.exists(lock.name) for c in clients), timeout=1.0)
+        except AssertionError:
+            lock.release()
+            return False
+        return True
+
+    eventually(held_everywhere, what=f"a hold on all {len(clients)} masters")
+
+
 def test_release_not_waited_for_still_runs_on_a_master_without_the_script(
     nodes: list[RedisServer],
 ) -> None:
@@ -217,17 +234,7 @@ def test_release_not_waited_for_still_runs_on_a_master_without_the_script(
     clients = [server.client() for server in nodes]
     lock = Redlock(clients, "noscript", timeout=10, node_timeout=NODE_TIMEOUT)
 
-    def held_everywhere() -> bool:
-        # A master that was not connected yet when a quorum had answered never got the SET.
-        assert lock.acquire()
-        try:
-            eventually(lambda: all(c.exists("noscript") for c in clients), timeout=1.0)
-        except AssertionError:
-            lock.release()
-            return False
-        return True
-
-    eventually(held_everywhere, what="a hold on all five masters")
+    hold_on_every_master(lock, clients)
     clients[0].script_flush()
     nodes[0].pause()
     try:
@@ -255,19 +262,7 @@ def test_a_failed_attempts_set_on_a_master_without_the_script_is_not_run_after_i
     other = Redlock(clients, "noscript-undo", timeout=30, node_timeout=NODE_TIMEOUT)
     with other:  # stocks an idle connection per master: round 1 then writes without connecting
         pass
-
-    def held_everywhere() -> bool:
-        # A master still connecting (restarted by an earlier test) when a quorum had answered
-        # never got the SET: release and try again.
-        assert holder.acquire(blocking=False)
-        try:
-            eventually(lambda: all(c.exists("noscript-undo") for c in clients), timeout=1.0)
-        except AssertionError:
-            holder.release()
-            return False
-        return True
-
-    eventually(held_everywhere, what="a hold on all three masters")
+    hold_on_every_master(holder, clients)
     clients[0].delete("noscript-undo")  # the hold goes on on masters 1 and 2
     clients[0].script_flush()
     calls_before = script_calls(clients[0])
