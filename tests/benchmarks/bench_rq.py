@@ -5,6 +5,9 @@ tasklock's default for RQ: the job's own connection).
 Variants: a plain function, the same function under ``@singleton_job`` (defaults: ttl 30 s,
 watchdog on, key = every argument), and the same with ``dedupe_enqueue=True`` enqueued through
 ``settle.enqueue(queue, ...)`` (its marker is claimed at enqueue and cleared when the job ends).
+Two floors show what any execution lock costs at least (taking it before the body and releasing
+it after are two round trips the job must wait for): the plain function plus two redis-py PINGs
+on the job's connection, and plus two PINGs on a socket held open, with no client library.
 
 Workers, the same class for every variant:
 * ``SimpleWorker`` in this process, burst mode (no fork: the most sensitive to per-job overhead);
@@ -73,6 +76,14 @@ def enqueue_plain(queue: Queue, n: int) -> list[str]:
     return [queue.enqueue(rq_jobs.plain_noop, i).id for i in range(n)]
 
 
+def enqueue_floor(queue: Queue, n: int) -> list[str]:
+    return [queue.enqueue(rq_jobs.floor_noop, i).id for i in range(n)]
+
+
+def enqueue_socket_floor(queue: Queue, n: int) -> list[str]:
+    return [queue.enqueue(rq_jobs.socket_floor_noop, i).id for i in range(n)]
+
+
 def enqueue_singleton(queue: Queue, n: int) -> list[str]:
     return [queue.enqueue(rq_jobs.singleton_noop, i).id for i in range(n)]
 
@@ -81,8 +92,13 @@ def enqueue_dedupe(queue: Queue, n: int) -> list[str]:
     return [rq_jobs.dedupe_noop.enqueue(queue, i).id for i in range(n)]
 
 
+SOCKET_FLOOR = "plain + 2 socket round trips"
+FLOOR_JOB = "plain + 2 redis-py round trips"
+
 VARIANTS: dict[str, Callable[[Queue, int], list[str]]] = {
     "plain job": enqueue_plain,
+    SOCKET_FLOOR: enqueue_socket_floor,
+    FLOOR_JOB: enqueue_floor,
     "tasklock singleton": enqueue_singleton,
     "singleton + dedupe_enqueue": enqueue_dedupe,
 }
@@ -218,10 +234,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
         }
         client.close()
-    print("\ntarget: singleton >= 0.95x plain")
+    print(
+        "\ntarget: singleton >= 0.95x plain (the socket floor's ratio: what any lock making two "
+        "round trips could reach at best on this machine)"
+    )
     for worker, label in (("simple", "SimpleWorker"), ("fork", "rq worker")):
-        ratio = results[worker]["tasklock singleton"][2]
-        print(f"{label:13} separate rounds {ratio:.3f}x   interleaved {mixed[worker]:.3f}x")
+        rows = results[worker]
+        ratio = rows["tasklock singleton"][2]
+        print(
+            f"{label:13} separate rounds {ratio:.3f}x   interleaved {mixed[worker]:.3f}x   "
+            f"socket floor {rows[SOCKET_FLOOR][2]:.3f}x   redis-py floor {rows[FLOOR_JOB][2]:.3f}x"
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
