@@ -252,8 +252,8 @@ def main() -> None:
     base = rows[0]
     print(
         f"\nCelery end-to-end throughput, {n} distinct calls x {options.rounds} rounds, "
-        "one solo worker, Redis broker + results (median rates, calls/s; ratio to plain; "
-        "worker CPU per call while draining)\n"
+        f"one {options.pool} worker, Redis broker + results (median rates, calls/s; ratio to "
+        "plain; worker CPU per call while draining)\n"
     )
     print(
         f"{'variant':28} {'enqueue':>16} {'drain (worker)':>18} {'end to end':>18} "
