@@ -145,7 +145,9 @@ def test_paused_holder_is_fenced_off(
             victim.join(5)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["accepted"] is False, "the stale holder's write must be rejected"
-    assert result["lost"] is True, "its watchdog must find the lock gone once it runs again"
+    # Its clock says so first; then its watchdog's renewal or its release finds the key gone,
+    # whichever reaches the server first, and the hold stays lost after the release either way.
+    assert result["lost"] is True, "it must know it lost once it runs again"
     assert "gone or held by another owner" in result["reason"]
     assert result["release"] == "LockLostError"
     assert successor.owned(), "the stale holder did not disturb the successor"

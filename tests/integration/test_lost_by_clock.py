@@ -199,6 +199,67 @@ def test_released_in_time_is_never_lost_later(r: redis.Redis) -> None:
     assert not lock.lost
 
 
+def test_a_release_after_the_clock_ran_out_keeps_the_hold_lost(r: redis.Redis) -> None:
+    """A holder resumed past its TTL that releases before its watchdog has run: the clock had
+    counted the hold lost, the release finds the key gone, and ``lost`` must stay true after it
+    (the end of the hold used to end the clock's finding too, so ``lost`` read False, with no
+    reason, for a hold that was lost: a flake of test_paused_holder_is_fenced_off)."""
+    lock = tasklock.Lock(r, "clock:gone", timeout=30)
+    assert lock.acquire()
+    previous = use_clock(ClockAhead(30))
+    try:
+        assert lock.lost
+        r.delete("clock:gone")  # what the server's TTL did meanwhile
+        with pytest.raises(tasklock.LockLostError, match="gone or held by another owner"):
+            lock.release()
+    finally:
+        use_clock(previous)
+    assert lock.lost
+    assert lock.lost.is_set()  # final: the server said so
+    assert "gone or held by another owner when the release reached the server" in (
+        lock.lost.reason or ""
+    )
+    assert "run out by this process's clock" in (lock.lost.reason or "")
+
+
+def test_a_release_that_finds_the_key_gone_unannounced_raises_not_owned(r: redis.Redis) -> None:
+    """Nothing had said the hold was lost (the key was deleted under it): LockNotOwnedError, not
+    LockLostError; the hold counts as lost from then on all the same."""
+    lock = tasklock.Lock(r, "clock:deleted", timeout=30)
+    assert lock.acquire()
+    assert not lock.lost
+    r.delete("clock:deleted")
+    with pytest.raises(tasklock.LockNotOwnedError) as raised:
+        lock.release()
+    assert not isinstance(raised.value, tasklock.LockLostError)
+    assert lock.lost
+    assert lock.lost.reason == (
+        "the lock key was gone or held by another owner when the release reached the server"
+    )
+
+
+async def test_an_asyncio_release_after_the_clock_ran_out_keeps_the_hold_lost(
+    redis_server: RedisServer,
+) -> None:
+    import redis.asyncio
+
+    import tasklock.asyncio
+
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    lock = tasklock.asyncio.Lock(client, "clock:async-gone", timeout=30)
+    assert await lock.acquire()
+    previous = use_clock(ClockAhead(30))
+    try:
+        await client.delete("clock:async-gone")
+        with pytest.raises(tasklock.LockLostError, match="gone or held by another owner"):
+            await lock.release()
+    finally:
+        use_clock(previous)
+    assert lock.lost
+    assert "run out by this process's clock" in (lock.lost.reason or "")
+    await client.aclose()
+
+
 def test_a_renewal_that_finds_the_key_still_ours_unloses_the_hold(r: redis.Redis) -> None:
     """The clock counts a hold lost first; when the watchdog's next renewal finds the key still
     this hold's (an owner-checked script: the key never left the server, so nobody else held

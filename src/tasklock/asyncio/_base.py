@@ -301,8 +301,10 @@ class AsyncBaseLock(LeaseCore):
     # -- release / extend ----------------------------------------------------------------------
     async def release(self) -> None:
         """Release the lock; LockNotOwnedError if it was no longer ours (LockLostError if the
-        watchdog had already found it gone). Runs to completion even if the caller is cancelled:
-        until then the hold stays, and calling ``release()`` again waits for the same release."""
+        hold already counted as lost: the watchdog's finding, or its lease run out by this
+        process's clock); either way ``lost`` stays true after it. Runs to completion even if
+        the caller is cancelled: until then the hold stays, and calling ``release()`` again
+        waits for the same release."""
         hold = self._hold_to_release()
         if hold.releasing is not None:  # an earlier release was cancelled: its outcome
             released: bool = await asyncio.shield(hold.releasing)

@@ -184,7 +184,8 @@ class BaseLock(LeaseCore):
     # -- release / extend ----------------------------------------------------------------------
     def release(self) -> None:
         """Release the lock; LockNotOwnedError if it was no longer ours (LockLostError if the
-        watchdog had already found it gone)."""
+        hold already counted as lost: the watchdog's finding, or its lease run out by this
+        process's clock); either way ``lost`` stays true after it."""
         hold = self._hold_to_release()
         self._end_hold()
         if not self._release_value(hold.value):

@@ -15,6 +15,7 @@ from typing import Any
 from tasklock.core.clock import clock
 
 __all__ = [
+    "GONE",
     "MARGIN_FRACTION",
     "MARGIN_SECONDS",
     "ClockedLost",
@@ -32,6 +33,9 @@ __all__ = [
 #: always used, now for every holder.
 MARGIN_FRACTION = 0.02
 MARGIN_SECONDS = 0.05
+
+#: What the server said when a renewal, a release or an extend found the hold no longer there.
+GONE = "the lock key was gone or held by another owner"
 
 
 def drift_margin(ttl: float) -> float:
@@ -54,7 +58,8 @@ class ClockedLost:
     owner-checked script that cannot recreate a key: finding it means it never left the server
     (on Redlock: never left a majority of masters), so no other holder can have taken the lock
     meanwhile, and the hold's fence is still the newest. A release ends the clock's count: a
-    hold released in time is not lost afterwards.
+    hold released in time is not lost afterwards. A release (or an extend) that finds the key
+    gone sets the flag, for good (:meth:`~tasklock.core.lease.LeaseCore._not_owned`).
     """
 
     _hold: Hold | None
@@ -214,6 +219,13 @@ class Hold:
     def lost_by_clock(self, now: float) -> bool:
         at = self.lost_at()
         return at is not None and now >= at
+
+    def ran_out_by(self, now: float) -> bool:
+        """Whether the lease had run out by this process's clock at ``now``, the hold ended or
+        not: a release that found the key gone asks whether that was already known."""
+        renewal = self.renewal
+        end = renewal.expires_at if renewal is not None and renewal.expires_at else None
+        return now >= (self.expires_at if end is None else end) - self.margin
 
     def clock_reason(self, now: float) -> str:
         """``lost.reason`` for a lease that ran out by the clock: how long since the server last

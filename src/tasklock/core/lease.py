@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from tasklock.core.backoff import Backoff
 from tasklock.core.clock import clock
-from tasklock.core.hold import ClockedLost, Hold, LostFlag
+from tasklock.core.hold import GONE, ClockedLost, Hold, LostFlag
 from tasklock.core.keys import fence_key_for
 from tasklock.core.owner import new_token, restamped
 from tasklock.errors import ConfigurationError, LockError, LockLostError, LockNotOwnedError
@@ -433,7 +433,14 @@ class LeaseCore:
         return hold
 
     def _not_owned(self, hold: Hold, action: str) -> None:
-        """Raise what a release, extend or reacquire that found the key gone raises."""
+        """Raise what a release, extend or reacquire that found the key gone raises, and keep
+        the hold lost for good: the server's answer is final, so ``lock.lost`` stays truthy,
+        with the reason, after the call that found it (as after the watchdog's finding; the
+        end of the hold no longer hides it). LockLostError when the hold already counted as
+        lost before this call (the watchdog's finding, or its lease run out by this process's
+        clock: a holder resumed after a pause that releases before its watchdog has run);
+        LockNotOwnedError when nothing had said so (the key was deleted, or the server lost it
+        in a failover)."""
         late = hold.renewal.late if hold.renewal is not None else 0.0
         why = (
             f"; its renewal ran {late:.2f} s late (a body that did not yield under gevent or "
@@ -441,10 +448,16 @@ class LeaseCore:
             if late
             else ""
         )
-        if hold.lost.is_set():
+        flag = hold.lost
+        known = flag.is_set() or hold.ran_out_by(clock.monotonic())
+        if not flag.is_set():
+            flag.reason = f"{GONE} when the {action} reached the server" + (
+                ", after its lease had run out by this process's clock" if known else ""
+            )
+            flag.set()
+        if known:
             raise LockLostError(
-                f"Cannot {action} lock {self.name!r}: it was lost while held "
-                f"({hold.lost.reason}){why}",
+                f"Cannot {action} lock {self.name!r}: it was lost while held ({flag.reason}){why}",
                 lock_name=self.name,
             )
         raise LockNotOwnedError(

@@ -34,6 +34,7 @@ from enum import Enum
 from typing import Any
 
 from tasklock.core.clock import clock
+from tasklock.core.hold import GONE
 from tasklock.core.lanes import green_threads
 from tasklock.core.scripts import Script
 
@@ -56,7 +57,6 @@ log = logging.getLogger("tasklock.watchdog")
 
 RenewCall = tuple[Any, Script, Sequence[Any], Sequence[Any]]  # (client, script, keys, args)
 
-GONE = "the lock key was gone or held by another owner"
 UNREACHABLE = "the lock's server (Redis, etcd) was unreachable until the TTL ran out"
 
 #: A renewal more overdue than this share of its TTL is reported. It is due at a third of the TTL,
