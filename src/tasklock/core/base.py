@@ -186,7 +186,7 @@ class BaseLock(LeaseCore):
         """Release the lock; LockNotOwnedError if it was no longer ours (LockLostError if the
         watchdog had already found it gone)."""
         hold = self._hold_to_release()
-        self._end_hold()
+        self._end_hold(hold)
         if not self._release_value(hold.value):
             self._not_owned(hold, "release")
 
