@@ -420,3 +420,39 @@ def test_single_instance_judge() -> None:
     assert judge_single([0], 0.001) is Outcome.LOST
     assert judge_single([redis.ConnectionError("x")], 0.001) is Outcome.UNREACHABLE
     assert judge_single([redis.ResponseError("WRONGTYPE")], 0.001) is Outcome.UNREACHABLE
+
+
+class _DyingWatchdog(Watchdog):
+    """A watchdog whose driver thread dies the first time it looks for work (as one killed by
+    a BaseException out of a callback would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deaths = 0
+
+    def take_work(self, now: float) -> Any:
+        if self.deaths == 0:
+            self.deaths += 1
+            raise SystemExit("the driver thread dies")
+        return super().take_work(now)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_watchdog_whose_thread_died_starts_a_new_one(fake_clock: FakeClock) -> None:
+    """The next watch starts a new driver thread once the old one has ended (tracked by the
+    thread itself, not asked of it on every acquire)."""
+    watchdog = _DyingWatchdog()
+    first, _ = entry_for(judge_single, ttl=3600)
+    watchdog.watch(first)
+    dead = watchdog._thread
+    assert dead is not None
+    dead.join(10)
+    assert not dead.is_alive()
+    assert watchdog.deaths == 1
+    second, _ = entry_for(judge_single, ttl=3600)
+    watchdog.watch(second)
+    assert watchdog._thread is not dead
+    assert watchdog._thread is not None
+    assert watchdog._thread.is_alive()
+    watchdog.unwatch(first)
+    watchdog.unwatch(second)

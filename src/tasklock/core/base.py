@@ -187,7 +187,7 @@ class BaseLock(LeaseCore):
         hold already counted as lost: the watchdog's finding, or its lease run out by this
         process's clock); either way ``lost`` stays true after it."""
         hold = self._hold_to_release()
-        self._end_hold()
+        self._end_hold(hold)
         if not self._release_value(hold.value):
             self._not_owned(hold, "release")
 

@@ -24,6 +24,7 @@ from tasklock.core.clock import clock
 from tasklock.core.hold import GONE, ClockedLost, Hold, LostFlag
 from tasklock.core.keys import fence_key_for
 from tasklock.core.owner import new_token, restamped
+from tasklock.core.pids import current_pid
 from tasklock.errors import ConfigurationError, LockError, LockLostError, LockNotOwnedError
 
 __all__ = [
@@ -337,7 +338,7 @@ class LeaseCore:
     # -- holds ---------------------------------------------------------------------------------
     def _hold(self) -> Hold | None:
         hold: Hold | None = getattr(self.local, "hold", None)
-        if hold is not None and hold.pid != os.getpid():
+        if hold is not None and hold.pid != current_pid():
             return None  # a forked child does not inherit its parent's holds
         return hold
 
@@ -373,7 +374,7 @@ class LeaseCore:
         """A new hold of ``value``; ``sent``: when the attempt that took it was sent (this
         process's monotonic clock), where the watchdog counts its first lease from."""
         granted_at = clock.monotonic() if sent is None else sent
-        hold = Hold(value, fence, os.getpid(), self._flag_class, self.ttl, granted_at)
+        hold = Hold(value, fence, current_pid(), self._flag_class, self.ttl, granted_at)
         if self.watchdog:
             hold.renewal = self._renewal(value, lambda reason: self._mark_lost(hold, reason))
             hold.renewal.granted_at = sent
@@ -408,8 +409,10 @@ class LeaseCore:
             # is never lost afterwards.
             hold.renewal.on_lost = _unwatched
 
-    def _end_hold(self) -> Hold | None:
-        hold = self._hold()
+    def _end_hold(self, hold: Hold | None = None) -> Hold | None:
+        """End the current hold (``hold``, when the caller has just looked it up)."""
+        if hold is None:
+            hold = self._hold()
         if hold is not None:
             self._stop_hold(hold)
         self.local.hold = None

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _text
 from typing import Any
 
+from tasklock.core.pids import current_pid
+
 __all__ = ["Holder", "new_token", "parse_value", "restamped", "token_id"]
 
 _meta_cache: tuple[int, str] | None = None
@@ -33,7 +35,7 @@ def _base_meta_prefix() -> str:
     # Cached per pid: hostname lookups are not free and a forked child must not report its parent.
     # The JSON object is left open so the acquisition time can be appended without re-encoding.
     global _meta_cache
-    pid = os.getpid()
+    pid = current_pid()
     if _meta_cache is None or _meta_cache[0] != pid:
         _meta_cache = (pid, json.dumps(_process_meta(), separators=(",", ":"))[:-1])
     return _meta_cache[1]

@@ -93,7 +93,7 @@ def judge_single(results: list[Any], elapsed: float) -> Outcome:
     return Outcome.RENEWED if answer else Outcome.LOST
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Renewal:
     """One held lock, as the watchdog sees it.
 

@@ -66,19 +66,26 @@ class Watchdog(RenewalBook):
 
     def __init__(self) -> None:
         super().__init__()
-        self._cond = threading.Condition(threading.Lock())
+        # Holders take the condition's lock itself on every acquire and release: a plain lock's
+        # ``with`` runs no Python code, the Condition's two methods.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
+        #: The driver thread runs (set when it is started, cleared when it ends): what
+        #: ``Thread.is_alive`` would say, without its calls on every acquire.
+        self._running = False
 
     # -- holders' side -------------------------------------------------------------------------
     def watch(self, entry: Renewal) -> None:
         now = clock.monotonic()
-        with self._cond:
+        with self._mutex:
             wake = self.add(entry, now)
-            if self._thread is None or not self._thread.is_alive():
+            if not self._running:
                 self._thread = threading.Thread(
                     target=self._run, name="tasklock-watchdog", daemon=True
                 )
                 self._thread.start()
+                self._running = True
             elif wake:
                 self._cond.notify()  # it sleeps past this entry's due time
 
@@ -86,7 +93,7 @@ class Watchdog(RenewalBook):
         """Stop renewing ``entry``. Returns how many seconds its next renewal was overdue when
         that is more than LATE_FRACTION of its TTL (and logs a warning), else None."""
         now = clock.monotonic()
-        with self._cond:
+        with self._mutex:
             late = self.remove(entry, now)
         if late is not None:
             self.warn_released_late(entry, late, now)
@@ -117,21 +124,25 @@ class Watchdog(RenewalBook):
             log.warning("%s", text)
 
     def _run(self) -> None:
-        while True:
-            try:
-                now, due, overdue = self._next_work()
-                self._report_late()
-                if overdue:
-                    with self._cond:
-                        lost, wake = self.conclude(overdue)
-                        if wake:
-                            self._cond.notify()
-                    self.report(lost)
-                if due:
-                    self._send(now, due)
-            except Exception:  # never let the thread die: held locks depend on it
-                log.exception("tasklock watchdog tick failed; retrying")
-                threading.Event().wait(0.1)
+        try:
+            while True:
+                try:
+                    now, due, overdue = self._next_work()
+                    self._report_late()
+                    if overdue:
+                        with self._cond:
+                            lost, wake = self.conclude(overdue)
+                            if wake:
+                                self._cond.notify()
+                        self.report(lost)
+                    if due:
+                        self._send(now, due)
+                except Exception:  # never let the thread die: held locks depend on it
+                    log.exception("tasklock watchdog tick failed; retrying")
+                    threading.Event().wait(0.1)
+        finally:  # (a BaseException out of a callback): the next watch starts a new thread
+            with self._mutex:
+                self._running = False
 
     def _send(self, now: float, batch: list[Renewal]) -> None:
         """Start one renewal round for every entry in ``batch``: one round trip per server."""

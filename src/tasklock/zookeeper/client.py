@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from tasklock.core.backend_hooks import PerUrl
+from tasklock.core.pids import current_pid
 from tasklock.errors import BackendUnavailable, ConfigurationError
 
 try:
@@ -178,7 +179,7 @@ class Client:
     @property
     def kazoo(self) -> KazooClient:
         """The started kazoo client (opened on first use, and again in a forked child)."""
-        kazoo, pid = self._kazoo, os.getpid()
+        kazoo, pid = self._kazoo, current_pid()
         if kazoo is None or self._pid != pid:
             with self._lock:
                 if self._kazoo is None or self._pid != pid:
@@ -331,8 +332,11 @@ class Client:
         Requests sent back to back go in one round trip: ZooKeeper answers a session's requests
         in the order they were sent, a read after a write seeing that write, so a
         ``get_children`` sent right after a ``create`` lists the new node."""
+        kazoo, pid = self._kazoo, current_pid()  # (the property's check, inlined: every request)
+        if kazoo is None or self._pid != pid:
+            kazoo = self.kazoo
         try:
-            return getattr(self.kazoo, f"{method}_async")(*args, **kwargs)
+            return getattr(kazoo, method + "_async")(*args, **kwargs)
         except _UNREACHABLE as exc:
             raise self.unreachable(what, exc) from exc
 
@@ -385,7 +389,9 @@ class _Pruner:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._due: dict[str, float] = {}
-        self._wake = threading.Condition()
+        # (A plain lock, entered as itself on every release: no Condition methods to run.)
+        self._mutex = threading.Lock()
+        self._wake = threading.Condition(self._mutex)
         self._thread = threading.Thread(
             target=self._run, name="tasklock-zookeeper-prune", daemon=True
         )
@@ -395,9 +401,9 @@ class _Pruner:
         after = self.after
         if after is None or self._stopped:
             return
-        if self._pid != os.getpid():
+        if self._pid != current_pid():
             self._reset()
-        with self._wake:
+        with self._mutex:
             # (Insertion order is due order: one delay for all.) A directory used again only
             # moves to the end: the thread wakes at its old due time and waits on, so a busy
             # name costs no thread wake-up per release.

@@ -186,13 +186,16 @@ class Lock(BaseLock):
         # A waiter's node keeps its place by itself: it re-checks on its own only this rarely.
         self._renew_every = max(1.0, self.client.session_timeout)
         self._acquiring = f"acquiring {self._kind_word} {name!r}"
+        self._releasing = f"releasing {self._kind_word} {name!r}"
+        self._renewer: Any = None
+        self._keys = (name,)
 
     @property
     def _kind_word(self) -> str:
         return "lock" if self._kind == LOCK else "semaphore"
 
     # -- acquire -------------------------------------------------------------------------------
-    def _create(self, token: str) -> tuple[Node, list[str]]:
+    def _create(self, tid: str, data: bytes) -> tuple[Node, list[str]]:
         """A new node for ``token``, and the directory's children as of its create.
 
         Usually the ``get_children`` goes right behind the create (one round trip, see
@@ -201,24 +204,26 @@ class Lock(BaseLock):
         anyone came since (:meth:`Client.expect_alone`), and only a surprise costs the read."""
         # Unique per attempt (the token's random part and a counter), so that a node whose
         # create was applied without its answer can be found by name (kazoo #732).
-        marker = f"{token_id(token)[:12]}{next(_attempts):x}"
+        marker = f"{tid[:12]}{next(_attempts):x}"
         prefix = f"{self._dir}/{self._prefix}-{marker}-"
         client, what = self.client, self._acquiring
         expected = client.take_alone(self._dir)
         try:
-            created = client.send(what, "create", prefix, token.encode(), **_CREATE)
+            created = client.send(what, "create", prefix, data, **_CREATE)
             listed = None if expected is not None else client.send(what, "get_children", self._dir)
             try:
                 path, stat = client.answer(what, created)
             except NoNodeError:  # no directory (the name's first create, or it was pruned)
-                path, stat = self._create_in_new_directory(prefix, token.encode())
+                path, stat = self._create_in_new_directory(prefix, data)
         except BaseException:
             client.forget_later(self._dir, marker)  # (kazoo #732: applied, answer lost?)
             raise
-        node = Node(path, stat.czxid, stat.ephemeralOwner, token.encode())
         if listed is None and expected is not None and _alone_since(expected, path, stat.czxid):
-            # Nobody came since this client's last release: alone, with no read.
-            return Node(path, stat.czxid, stat.ephemeralOwner, token.encode(), True), [node.child]
+            # Nobody came since this client's last release: alone, with no read. (One Node
+            # made per cycle, not two: this is the uncontended hot path.)
+            node = Node(path, stat.czxid, stat.ephemeralOwner, data, True)
+            return node, [path.rpartition("/")[2]]
+        node = Node(path, stat.czxid, stat.ephemeralOwner, data)
         try:
             try:
                 if listed is None:
@@ -252,7 +257,7 @@ class Lock(BaseLock):
         tid = token_id(token)
         node = self._queued.pop(tid, None)
         if node is None:
-            node, children = self._create(token)
+            node, children = self._create(tid, token.encode())
         else:
             try:
                 children = self.client.call(self._acquiring, "get_children", self._dir)
@@ -261,9 +266,12 @@ class Lock(BaseLock):
             except BaseException:
                 self._delete_quietly(node)
                 raise
-        held, watch = position(self._prefix, self.limit, node.child, children, self._dir)
+        if node.alone:  # the only node: it holds, a lock's or a permit's (see position)
+            held, watch = True, None
+        else:
+            held, watch = position(self._prefix, self.limit, node.child, children, self._dir)
         if held:
-            if self._kind != LOCK and shows_later(node.child, children):
+            if self._kind != LOCK and not node.alone and shows_later(node.child, children):
                 node = self._touch(node)
                 if node is None:  # gone meanwhile (its session expired): a new one at once
                     return Attempt(False, holder_ttl=0.0)
@@ -328,7 +336,7 @@ class Lock(BaseLock):
         node = self._nodes.pop(value, None)
         if node is None:
             return False
-        if not self._delete(node, f"releasing {self._kind_word} {self.name!r}"):
+        if not self._delete(node, self._releasing):
             return False
         if node.alone:
             # The directory held this node alone when it was read right after its create: the
@@ -362,7 +370,10 @@ class Lock(BaseLock):
         return done
 
     def _renewal(self, value: bytes, on_lost: Callable[[str], None]) -> Renewal:
-        call = (sync_renewer(self.client, _confirm_hold), _CONFIRM, (self.name,), (self, value))
+        renewer = self._renewer
+        if renewer is None:  # (looked up once per lock: its client is fixed)
+            renewer = self._renewer = sync_renewer(self.client, _confirm_hold)
+        call = (renewer, _CONFIRM, self._keys, (self, value))
         return Renewal(self.name, self.ttl, [call], judge_hold, on_lost)
 
     # -- reads ---------------------------------------------------------------------------------
@@ -461,14 +472,16 @@ class _WatchWaiter:
     one-shot ZooKeeper watches; an event that is no news for it re-arms without an attempt."""
 
     def __init__(self, lock: Lock, token: str) -> None:
+        # (Made for every blocking acquire, before its first attempt, and most never wait:
+        # the token's id is worked out only when needed.)
         self._lock = lock
-        self._tid = token_id(token)
+        self._token = token
 
     def arm(self) -> None:
         pass
 
     def wait(self, timeout: float) -> bool:
-        watch = self._lock._watch.get(self._tid)
+        watch = self._lock._watch.get(token_id(self._token))
         if watch is None or timeout <= 0:
             return False
         deadline = clock.monotonic() + timeout
@@ -491,7 +504,9 @@ class _WatchWaiter:
                 return True
 
     def close(self) -> None:
-        self._lock._watch.pop(self._tid, None)
+        watches = self._lock._watch
+        if watches:
+            watches.pop(token_id(self._token), None)
 
 
 def _note(events: list[Any], wake: Callable[[], Any]) -> Callable[[Any], None]:
