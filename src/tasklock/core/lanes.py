@@ -76,8 +76,13 @@ _generation = 0
 WARM_UP_CALLS = 4
 
 #: How many pre-encoded script calls a lane keeps (see :attr:`Lane.encoded`); past that it
-#: starts again empty: a lock name per task argument must not grow a process without bound.
-ENCODED_LIMIT = 4096
+#: starts again empty. Small on purpose: what it saves is a lock made again and again for the
+#: same few names (``with Lock(r, name):`` in a loop), while a task's lock has a new name per
+#: call's arguments, which a cache only ever misses. Kept for thousands of such names (4,096
+#: before), the entries outlived the young generation and the garbage collector scanned them
+#: again and again: about 14k instructions per task call, most of it the full collections they
+#: brought on, which in a worker's large heap cost far more.
+ENCODED_LIMIT = 256
 
 
 def green_threads() -> bool:

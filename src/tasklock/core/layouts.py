@@ -38,9 +38,11 @@ __all__ = ["WAITER_LIVENESS", "Layout", "lock_layout", "permit_layout"]
 #: its connection drops out; and it holds the queue up for no longer than this.
 WAITER_LIVENESS = 3.0
 
-#: Layouts kept for reuse per kind (a lock name per task argument must not grow a process
-#: without bound).
-LAYOUT_CACHE_SIZE = 4096
+#: Layouts kept for reuse per kind: enough for the names a program locks again and again, and
+#: small for the same reason as :data:`tasklock.core.lanes.ENCODED_LIMIT` (a task's per-call names
+#: are never looked up twice, and thousands of kept layouts cost the garbage collector more than
+#: building one).
+LAYOUT_CACHE_SIZE = 256
 
 
 class Layout(NamedTuple):
