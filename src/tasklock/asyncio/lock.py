@@ -85,8 +85,6 @@ class Lock(AsyncBaseLock):
         self._hub_cache: tuple[Any, Any, AsyncWakeupHub] | None = None
         if self._layout.fair:
             self._renew_every = WAITER_LIVENESS / 3
-        self._acquiring = f"acquiring lock {self.name!r}"
-        self._releasing = f"releasing lock {self.name!r}"
         self._bind(redis)
 
     def _make_layout(self) -> Layout:
@@ -120,7 +118,7 @@ class Lock(AsyncBaseLock):
                 *self._layout.attempt_args(token, waiting), on_late=self._took_while_cancelled
             )
         except Exception:  # (backend_errors only here: a block per call costs three calls)
-            with backend_errors(self.redis, self._acquiring, self._layout.acquire_keys):
+            with backend_errors(self.redis, "acquiring lock", self._layout.acquire_keys, self.name):
                 raise
         if ok:
             return Attempt(True, f"{token}#{number}".encode(), int(number))
@@ -134,7 +132,9 @@ class Lock(AsyncBaseLock):
         try:
             released = await self._release_script(value, on_cancel=on_cancel)
         except Exception:
-            with backend_errors(self.redis, self._releasing, self._layout.release_keys[:1]):
+            with backend_errors(
+                self.redis, "releasing lock", self._layout.release_keys[:1], self.name
+            ):
                 raise
         if released == PUBLISH_REFUSED:
             warn_wakeup_refused(describe_client(self.redis), "PUBLISH")

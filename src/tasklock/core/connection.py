@@ -342,17 +342,22 @@ class backend_errors:  # named as the function it replaced: ``with backend_error
     """Map redis-py errors raised inside the block (see :func:`map_backend_error`).
 
     ``keys``, when given, are the keys the block touches, named in the ACL hint of a NOPERM.
-    A class rather than a generator context manager: it wraps every lock call, and this costs a
-    fraction of what ``@contextmanager`` does on the hot path (``__exit__`` does work only when
-    an exception passes).
+    ``subject``, when given, is named after ``doing`` (``"acquiring lock" 'name'``): the text is
+    only put together when an error passes, which a lock made per call would otherwise pay for
+    on every use. A class rather than a generator context manager: it wraps every lock call, and
+    this costs a fraction of what ``@contextmanager`` does on the hot path (``__exit__`` does
+    work only when an exception passes).
     """
 
-    __slots__ = ("client", "doing", "keys")
+    __slots__ = ("client", "doing", "keys", "subject")
 
-    def __init__(self, client: Any, doing: str, keys: Sequence[str] = ()) -> None:
+    def __init__(
+        self, client: Any, doing: str, keys: Sequence[str] = (), subject: str | None = None
+    ) -> None:
         self.client = client
         self.doing = doing
         self.keys = keys
+        self.subject = subject
 
     def __enter__(self) -> None:
         return None
@@ -365,6 +370,7 @@ class backend_errors:  # named as the function it replaced: ``with backend_error
     ) -> None:
         if exc is None or isinstance(exc, TaskLockError):
             return  # no error, or already mapped (nested blocks)
-        mapped = map_backend_error(exc, self.client, self.doing, self.keys)
+        doing = self.doing if self.subject is None else f"{self.doing} {self.subject!r}"
+        mapped = map_backend_error(exc, self.client, doing, self.keys)
         if mapped is not None:
             raise mapped from exc

@@ -107,8 +107,6 @@ class Lock(BaseLock):
         calls (the constructor's last step, and all that :meth:`for_name` redoes)."""
         self._channel = wake_channel(self.name)
         self._layout = self._make_layout()
-        self._acquiring = f"acquiring lock {self.name!r}"
-        self._releasing = f"releasing lock {self.name!r}"
         self._bind(self.redis)
 
     def _make_layout(self) -> Layout:
@@ -124,7 +122,7 @@ class Lock(BaseLock):
         new object shares nothing that changes with this one: its holds are its own, and this
         one may be in use."""
         other = object.__new__(type(self))
-        other.__dict__.update(self.__dict__)
+        other.__dict__ = self.__dict__.copy()  # (a copy costs half of an update of an empty one)
         other.name = check_name(name)
         other.owner_info = check_owner_info(owner_info)
         other.local = other._new_local()
@@ -149,7 +147,7 @@ class Lock(BaseLock):
     def _attempt(self, token: str, waiting: bool = False) -> Attempt:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._acquiring, self._layout.acquire_keys):
+        with backend_errors(self.redis, "acquiring lock", self._layout.acquire_keys, self.name):
             ok, number = self._acquire_script(*self._layout.attempt_args(token, waiting))
         if ok:
             return Attempt(True, f"{token}#{number}".encode(), int(number))
@@ -158,7 +156,7 @@ class Lock(BaseLock):
     def _release_value(self, value: bytes) -> bool:
         if self.redis is not self._bound_to:
             self._bind(self.redis)
-        with backend_errors(self.redis, self._releasing, self._layout.release_keys[:1]):
+        with backend_errors(self.redis, "releasing lock", self._layout.release_keys[:1], self.name):
             released = self._release_script(value)
         if released == PUBLISH_REFUSED:
             warn_wakeup_refused(describe_client(self.redis), "PUBLISH")

@@ -93,7 +93,9 @@ def lock_maker(store: Any, limit: int | None, **common: Any) -> Any:
     if _is_masters(store):
         return PerCall(lock, store, None, common)
     common.pop("owner_info", None)
-    template = lock(store, "tasklock:template", limit, **common)
+    # Each call's lock is used by the one thread (or greenlet) that runs the call, so its holds
+    # are kept on the object: a thread-local per call cost as much as the rest of the copy.
+    template = lock(store, "tasklock:template", limit, thread_local=False, **common)
     assert isinstance(template, Lock)
     return TemplateMaker(store, template)
 
