@@ -3,9 +3,10 @@ MariaDB (the suite's own, see ``tests/support/databases.py``), each test on each
 
 Accepted, equal and refused tokens; a refused writer's transaction rolls back with all it wrote;
 fenced_update on a fence column; prune; the errors for bad inputs; two writers of one resource
-serialised on the fence row (the second is seen waiting for the first's lock, by the database's
-own lock views where it has them); a REPEATABLE READ snapshot cannot hide a newer token; the ORM;
-and the asyncio forms on PostgreSQL (psycopg) and SQLite (aiosqlite).
+serialised on the fence row (the second is seen waiting for the first's lock, read live from the
+database's own lock views where it has them: pg_locks, SHOW ENGINE INNODB STATUS); a REPEATABLE
+READ snapshot cannot hide a newer token; the ORM; and the asyncio forms on PostgreSQL (psycopg)
+and SQLite (aiosqlite).
 """
 
 from __future__ import annotations
@@ -435,21 +436,44 @@ def test_a_fence_table_of_another_name_works(engine: sa.Engine) -> None:
 
 
 def _waiting_probe(engine: sa.Engine, session_id: int | None) -> Callable[[], bool]:
-    """True once the database shows that session waiting for a lock (PostgreSQL's pg_locks,
-    InnoDB's transactions); SQLite shows nothing of the kind (None)."""
+    """True once the database shows that session waiting for the fence row's lock, read live on
+    every call: PostgreSQL's pg_locks; for InnoDB the TRANSACTIONS part of SHOW ENGINE INNODB
+    STATUS, built afresh for each call. Not information_schema.innodb_trx: InnoDB fills it from
+    a buffer that is refreshed only when nobody has read it for 0.1 s, so a probe polling it
+    more often than that kept the snapshot it first read (the previous test's transactions, or
+    this one's before the second writer waited) for good. SQLite shows nothing of the kind."""
     if engine.dialect.name == "postgresql":
-        sql = "SELECT count(*) FROM pg_locks WHERE pid = :id AND NOT granted"
-    else:
-        sql = (
-            "SELECT count(*) FROM information_schema.innodb_trx "
-            "WHERE trx_mysql_thread_id = :id AND trx_state = 'LOCK WAIT'"
-        )
 
-    def waiting() -> bool:
+        def waiting() -> bool:
+            sql = "SELECT count(*) FROM pg_locks WHERE pid = :id AND NOT granted"
+            with engine.connect() as conn:
+                return bool(conn.scalar(sa.text(sql), {"id": session_id}))
+
+        return waiting
+
+    def innodb_waiting() -> bool:
         with engine.connect() as conn:
-            return bool(conn.scalar(sa.text(sql), {"id": session_id}))
+            status = str(conn.exec_driver_sql("SHOW ENGINE INNODB STATUS").one()[2])
+        return _innodb_waits_for_fence_row(status, session_id)
 
-    return waiting
+    return innodb_waiting
+
+
+#: In SHOW ENGINE INNODB STATUS, a transaction that waits for a row lock of the fence table.
+_INNODB_FENCE_WAIT = re.compile(
+    r"^------- TRX HAS BEEN WAITING .*\nRECORD LOCKS .* of table `[^`]*`\.`tasklock_fence` ",
+    re.MULTILINE,
+)
+
+
+def _innodb_waits_for_fence_row(status: str, session_id: int | None) -> bool:
+    """Whether the transaction of connection ``session_id`` (MariaDB's or MySQL's "thread id")
+    is waiting for a lock on a row of the fence table, in SHOW ENGINE INNODB STATUS's text."""
+    for transaction in status.split("\n---TRANSACTION ")[1:]:
+        thread = re.search(r"^(?:MariaDB|MySQL) thread id (\d+),", transaction, re.MULTILINE)
+        if thread is not None and int(thread.group(1)) == session_id:
+            return _INNODB_FENCE_WAIT.search(transaction) is not None
+    return False
 
 
 def _session_id(conn: sa.Connection) -> int | None:
@@ -510,10 +534,14 @@ def test_a_second_writer_waits_for_the_first_to_commit(
             # SQLite's lock wait is inside the driver's busy handler, invisible from outside.
             holds_for(lambda: not second_done.is_set(), 0.3, what="the second writer waits")
         else:
+            waiting = _waiting_probe(engine, seen["session"])
+            # Done instead of waiting ends the polling at once, and the assertion says what it did.
             eventually(
-                _waiting_probe(engine, seen["session"]), timeout=20, what="the second writer waits"
+                lambda: second_done.is_set() or waiting(),
+                timeout=20,
+                what=f"the second writer (connection {seen['session']}) waits for the fence row",
             )
-        assert not second_done.is_set()
+        assert not second_done.is_set(), f"the second writer did not wait for the first: {seen}"
     finally:
         finish_first.set()
         for thread in threads:
