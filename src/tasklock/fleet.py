@@ -234,7 +234,7 @@ def _write(
 
 
 _batcher = _Batcher()
-stats.add_sink(lambda event, task, amount: _batcher.add(event, task, amount))
+stats.add_sink(_batcher.add)  # (after a fork the same batcher starts again: after_fork)
 os.register_at_fork(after_in_child=lambda: _batcher.after_fork())
 atexit.register(lambda: flush())
 
