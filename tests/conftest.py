@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from tasklock import fleet
+from tasklock.core.watchdog import get_watchdog
 from tests.support.brokers import start_rabbitmq
 from tests.support.databases import MariaDB, start_mariadb
 from tests.support.servers import (
@@ -36,6 +37,17 @@ def fleet_counts_stay_in_their_module() -> Iterator[None]:
     assert that tasklock logged no warning."""
     yield
     fleet.forget()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def holds_stay_in_their_module() -> Iterator[None]:
+    """Stop renewing the holds a module leaves behind: their servers stop with the module, and
+    the watchdog's renewals would retry against them in later modules. redis-py's retry backoff
+    draws from the global ``random``, and a draw on the watchdog's thread while a Hypothesis test
+    generates its data made Hypothesis warn "Do not use the `random` module inside strategies"
+    in whichever property test happened to run then."""
+    yield
+    get_watchdog().forget()
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,14 @@ class Watchdog(RenewalBook):
             elif wake:
                 self._cond.notify()  # it sleeps past this entry's due time
 
+    def forget(self) -> None:
+        """Stop renewing every hold, without a word: for tests, whose servers stop with the
+        module that started them. A hold left on such a server would be renewed (and retried,
+        through the client's own backoff, and reported lost) while later modules run."""
+        with self._mutex:
+            for entry in list(self._live):
+                self.remove(entry, -math.inf)  # (at no time: never reported late)
+
     def unwatch(self, entry: Renewal) -> float | None:
         """Stop renewing ``entry``. Returns how many seconds its next renewal was overdue when
         that is more than LATE_FRACTION of its TTL (and logs a warning), else None."""
