@@ -9,7 +9,9 @@ keeps pytest-celery 1.x's Docker-based plugin out, should it be installed).
 from __future__ import annotations
 
 import importlib.util
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -48,6 +50,33 @@ def holds_stay_in_their_module() -> Iterator[None]:
     in whichever property test happened to run then."""
     yield
     get_watchdog().forget()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def zookeeper_clients_stay_in_their_module() -> Iterator[None]:
+    """Close every ZooKeeper client a module made, directly or through the per-URL cache: its
+    servers stop with the module, and kazoo would go on reconnecting to them, on a thread of its
+    own, for the rest of the run (its backoff's jitter also draws from the global ``random``,
+    which made Hypothesis warn in whichever property test was generating data then)."""
+    if importlib.util.find_spec("kazoo") is None:
+        yield
+        return
+    from tasklock.zookeeper import client as zookeeper_client
+
+    made: weakref.WeakSet[Any] = weakref.WeakSet()
+    original = zookeeper_client.Client.__init__
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.add(self)
+
+    zookeeper_client.Client.__init__ = recording_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        zookeeper_client.Client.__init__ = original  # type: ignore[method-assign]
+        for client in [*zookeeper_client._clients.forget(), *made]:
+            client.close()
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,13 @@ class PerUrl(Generic[T]):
                     found = self._made[url] = self._make(url)
         return found
 
+    def forget(self) -> list[T]:
+        """Drop every object made so far, and return them (tests: a module's servers stop with
+        it, and the clients made for them would go on reconnecting in later modules)."""
+        with self._lock:
+            made, self._made = list(self._made.values()), {}
+        return made
+
 
 def url_problem(parse: Callable[[str], object], option: str, url: str) -> str | None:
     """What ``parse`` finds wrong with ``url`` given as ``option``, or None."""
