@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from celery_singleton import Singleton
 
 from tasklock.celery import singleton_task
 from tasklock.core.connection import client_for_url
+from tests.benchmarks.floors import two_socket_pings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,31 +78,10 @@ def floor(i: int) -> int:
     return i
 
 
-_held: list[socket.socket] = []
-
-
-def _held_socket() -> socket.socket:
-    """One socket per worker process, opened on first use and kept."""
-    if not _held:
-        address = client_for_url(URL).connection_pool.connection_kwargs
-        sock = socket.create_connection((address["host"], address["port"]))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _held.append(sock)
-    return _held[0]
-
-
 @app.task(name="bench.floor_socket")
 def floor_socket(i: int) -> int:
     """A plain task plus two bare round trips on a held socket: no client library's cost."""
-    sock = _held_socket()
-    for _ in range(2):
-        sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-        reply = b""
-        while len(reply) < 7:  # +PONG\r\n
-            chunk = sock.recv(7 - len(reply))
-            if not chunk:
-                raise ConnectionError("redis-server closed the benchmark's socket")
-            reply += chunk
+    two_socket_pings(client_for_url(URL).connection_pool.connection_kwargs)
     return i
 
 

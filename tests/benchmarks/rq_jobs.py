@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
 from rq import get_current_job
 
 from tasklock.rq import singleton_job
+from tests.benchmarks.floors import two_socket_pings
 
 
 def plain_noop(i: int) -> int:
@@ -24,28 +23,12 @@ def floor_noop(i: int) -> int:
     return i
 
 
-_held: dict[tuple[str, int], socket.socket] = {}
-
-
 def socket_floor_noop(i: int) -> int:
     """A plain job plus two bare round trips on a socket held open to the job's Redis, with no
     client library at all: no lock that takes and releases in the worker can beat this job."""
     job = get_current_job()
     assert job is not None
-    kwargs = job.connection.connection_pool.connection_kwargs
-    address = (kwargs["host"], kwargs["port"])
-    sock = _held.get(address)
-    if sock is None:
-        sock = _held[address] = socket.create_connection(address)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for _ in range(2):
-        sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-        reply = b""
-        while len(reply) < 7:  # +PONG\r\n
-            chunk = sock.recv(7 - len(reply))
-            if not chunk:
-                raise ConnectionError("redis-server closed the benchmark's socket")
-            reply += chunk
+    two_socket_pings(job.connection.connection_pool.connection_kwargs)
     return i
 
 
