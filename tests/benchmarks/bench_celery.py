@@ -41,9 +41,12 @@ from celery_singleton import Singleton
 
 from tasklock.celery import singleton_task
 from tasklock.core.connection import client_for_url
-from tests.benchmarks.floors import two_socket_pings
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.benchmarks.floors import two_socket_pings  # noqa: E402
 
 
 def _python_path() -> str:
