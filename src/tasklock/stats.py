@@ -26,13 +26,8 @@ _sinks: tuple[Callable[[str, str, int], None], ...] = ()
 
 def increment(event: str, task_name: str) -> None:
     """Count one ``event`` (``"duplicate_skip"``, ``"lost"``, ...) in total and for
-    ``task_name``. (:func:`add`'s body again: a task call counts twice, and the call between
-    cost as much as the count.)"""
-    with _lock:
-        _counts[event] += 1
-        _counts[f"{event}:{task_name}"] += 1
-    for sink in _sinks:
-        sink(event, task_name, 1)
+    ``task_name``."""
+    add(event, task_name, 1)
 
 
 def add(event: str, task_name: str, amount: int) -> None:
