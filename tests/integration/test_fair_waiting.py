@@ -19,7 +19,8 @@ from tasklock.core.wakeup import ChannelBook
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
 
-pytestmark = pytest.mark.timeout(60)
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("resp")]
 
 
 def queued(r: redis.Redis, name: str) -> list[bytes]:

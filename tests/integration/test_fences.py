@@ -19,6 +19,9 @@ from tasklock.core.keys import fence_key_for
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer, start_servers
 
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
+
 
 @pytest.fixture
 def forgetful() -> Iterator[RedisServer]:

@@ -20,6 +20,9 @@ from tasklock.core.layouts import LAYOUT_CACHE_SIZE, lock_layout
 from tasklock.errors import ConfigurationError
 from tests.support.garbage import cyclic_garbage
 
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
+
 
 def blocking_variants(r: redis.Redis) -> dict[str, Callable[[], Any]]:
     return {

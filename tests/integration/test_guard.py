@@ -19,6 +19,9 @@ from tests.support.forking import ForkedChild
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer, free_port
 
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
+
 
 def fence_in(result: str) -> int:
     """The fence token a ``settle`` result reports."""

@@ -27,6 +27,9 @@ from tests.support.forking import ForkedChild
 from tests.support.polling import eventually
 from tests.support.servers import RedisServer
 
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
+
 NAME = "tasklock-lane-test"
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,6 +10,9 @@ import redis
 import tasklock
 from tasklock.core.owner import parse_value
 
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
+
 
 def test_acquire_release_cycle_and_fence(r: redis.Redis) -> None:
     lock = tasklock.Lock(r, "cycle")

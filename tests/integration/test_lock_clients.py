@@ -35,6 +35,8 @@ def make_client(kind: str, server: RedisServer) -> redis.Redis:
         return redis.Redis(host=host, port=port, decode_responses=True)
     if kind == "resp3":
         return redis.Redis(host=host, port=port, protocol=3)
+    if kind == "resp2":
+        return redis.Redis(host=host, port=port, protocol=2)
     if kind == "db3-url":
         return redis.Redis.from_url(f"redis://{host}:{port}/3")
     if kind == "blocking-pool":
@@ -50,8 +52,9 @@ def make_client(kind: str, server: RedisServer) -> redis.Redis:
     raise AssertionError(kind)
 
 
-FAST = ["plain", "decoded", "db3-url", "blocking-pool"]
-ORDINARY = ["resp3", "single-connection", "traced"]
+# RESP3 clients too: the lane's own connections speak RESP2 whatever the pool speaks.
+FAST = ["plain", "decoded", "resp3", "resp2", "db3-url", "blocking-pool"]
+ORDINARY = ["single-connection", "traced"]
 
 
 @pytest.fixture(params=FAST + ORDINARY)

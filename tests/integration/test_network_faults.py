@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import tasklock
 from tasklock.core.base import BaseLock
@@ -35,6 +37,8 @@ from tests.support.tcp_proxy import TcpProxy
 
 TTL = 0.5
 NODE_TIMEOUT = 0.2
+#: A client retry policy that sends nothing again (redis-py's from_url default).
+NO_RETRY = Retry(NoBackoff(), 0)
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +265,11 @@ def test_asyncio_a_silent_server_times_the_call_out_and_its_connection_is_droppe
     read_timeout = 0.3
 
     async def scenario() -> None:
-        client = aioredis.Redis(host="127.0.0.1", port=proxies[0].port, socket_timeout=read_timeout)
+        # No retries: redis-py 8's default (10, with backoff) would try again on the lane, as it
+        # would on a pooled connection (see test_a_call_sent_before_the_silence_is_sent_once).
+        client = aioredis.Redis(
+            host="127.0.0.1", port=proxies[0].port, socket_timeout=read_timeout, retry=NO_RETRY
+        )
         lane = async_lane_for(client)
         assert lane is not None
         for _ in range(3):  # a lane connection in stock, the scripts loaded
@@ -420,3 +428,67 @@ def test_redlock_release_reaches_a_master_that_lost_its_scripts_and_answers_late
     lock.release()
     eventually(lambda: not direct[2].exists(name), timeout=5,
                what="the release ran on the third master")  # fmt: skip
+
+
+def acquires_run(direct: redis.Redis, name: str) -> int:
+    """How many scripts on the lock ``name`` the server ran (its slow log at 0 us: every command,
+    the scripts' own calls in it too, which name no script)."""
+    return sum(
+        1
+        for entry in direct.slowlog_get(1000)
+        if entry["command"].startswith(b"EVALSHA ") and entry["command"].split()[3] == name.encode()
+    )
+
+
+@pytest.mark.parametrize("driver", ["blocking", "asyncio"])
+def test_a_call_sent_before_the_silence_is_sent_once(
+    servers: list[RedisServer], driver: str
+) -> None:
+    """A call written on the hot path's own connection that hears nothing back may have run: with
+    a client that allows no retry it fails (BackendUnavailable) and is never sent again, by the
+    ordinary path or any other. The server, paused (SIGSTOP) while the call was written, runs
+    what it was sent once it resumes: exactly one acquire. (Before, the blocking driver sent it a
+    second time through the pool, whatever the client's retry policy said.)"""
+    from tasklock.asyncio import Lock as AsyncLock
+    from tasklock.errors import BackendUnavailable
+
+    server = servers[0]
+    direct = server.client()
+    direct.flushall()
+    direct.config_set("slowlog-log-slower-than", 0)
+    direct.config_set("slowlog-max-len", 1000)
+    name = f"net:sent-once-{driver}"
+    settings: dict[str, Any] = {"host": "127.0.0.1", "port": server.port, "retry": NO_RETRY}
+    try:
+        if driver == "blocking":
+            client = redis.Redis(socket_timeout=0.3, **settings)
+            for _ in range(8):  # past the warm-up: the thread's own connection, scripts loaded
+                with tasklock.Lock(client, f"{name}-warm-up", timeout=5):
+                    pass
+            direct.slowlog_reset()
+            server.pause()
+            with pytest.raises(BackendUnavailable):
+                tasklock.Lock(client, name, timeout=5).acquire(blocking=False)
+        else:
+            import redis.asyncio as aioredis
+
+            async def scenario() -> None:
+                client = aioredis.Redis(socket_timeout=0.3, **settings)
+                for _ in range(3):
+                    async with AsyncLock(client, f"{name}-warm-up", timeout=5):
+                        pass
+                direct.slowlog_reset()
+                server.pause()
+                lock = AsyncLock(client, name, timeout=5)
+                with pytest.raises(BackendUnavailable):
+                    await asyncio.wait_for(lock.acquire(blocking=False), 10)
+                await client.aclose()
+
+            asyncio.run(scenario())
+        server.resume()  # it reads what it was sent while paused
+        eventually(lambda: acquires_run(direct, name) >= 1, 5, what="the acquire reached it")
+        holds_for(lambda: acquires_run(direct, name) == 1, 0.5, what="the acquire ran once")
+    finally:
+        if server.paused:
+            server.resume()
+        direct.config_set("slowlog-log-slower-than", 10000)

@@ -31,7 +31,8 @@ from tasklock.errors import BackendRefused, BackendUnavailable, ConfigurationErr
 from tests.support.polling import eventually
 from tests.support.servers import RedisClusterServers, RedisServer, free_port, require_binary
 
-pytestmark = pytest.mark.timeout(60)
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("resp")]
 
 SECOND = 1_000_000  # µs
 #: A second limit that never binds in these tests (1000 at once, then one per 3.6 s) but keeps

@@ -23,6 +23,9 @@ from tests.support.polling import eventually
 from tests.support.servers import RedisServer
 from tests.support.waking import evalsha_calls
 
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
+
 NODE_TIMEOUT = 0.25  # generous: these tests are about behaviour, not about slow masters
 BIG_SLEEP = 30.0  # a waiter's first poll would come 15-30 s after it went to sleep
 WAKE_DEADLINE = 10.0

@@ -29,6 +29,9 @@ from tests.support.polling import eventually, holds_for
 from tests.support.servers import RedisServer
 from tests.support.waking import BIG_SLEEP, assert_woken_by_release, evalsha_calls, subscribers
 
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
+
 
 def test_limit_holders_then_the_next_waits(r: redis.Redis) -> None:
     sems = [tasklock.Semaphore(r, "api", 3, timeout=10) for _ in range(4)]

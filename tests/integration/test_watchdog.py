@@ -21,6 +21,9 @@ from tasklock.core.watchdog import Renewal, Watchdog
 from tests.support.polling import eventually, holds_for
 from tests.support.servers import RedisServer, start_servers
 
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
+
 TTL = 0.5
 
 

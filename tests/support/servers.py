@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import redis
@@ -250,6 +250,10 @@ def _data_directory() -> Path:
 class RedisServer:
     """One redis-server process. ``url`` is stable across :meth:`restart`."""
 
+    #: The RESP version of every client :meth:`client` makes (None: redis-py's default, RESP3
+    #: from redis-py 8 on), set for one test by the ``resp`` fixture (tests/conftest.py).
+    protocol: ClassVar[int | None] = None
+
     appendonly: bool = False
     port: int = field(default_factory=free_port)
     directory: Path = field(default_factory=lambda: _data_directory())
@@ -272,6 +276,8 @@ class RedisServer:
         return self.binary or redis_server_binary()
 
     def client(self, **kwargs: Any) -> redis.Redis:
+        if RedisServer.protocol is not None:
+            kwargs.setdefault("protocol", RedisServer.protocol)
         kwargs.setdefault("socket_timeout", 5)
         kwargs.setdefault("socket_connect_timeout", 2)
         if self.tls is not None:

@@ -17,13 +17,14 @@ and to the future ``on_cancel`` was given (a release's outcome). So nothing is e
 half-read on a connection, and the happy path has no task.
 
 Only stock ``redis.asyncio.Redis`` clients on redis-py's ``ConnectionPool`` or
-``BlockingConnectionPool`` speaking RESP2 without client-side caching get a lane (as for the sync
-lanes: RESP3 push messages and caching go through the pool); every other client (cluster,
-Sentinel, instrumented) takes the ordinary path (:func:`tasklock.asyncio.scripts.run_script`),
-and so does any call after a connection error or NOSCRIPT, exactly as if the fast attempt had
-been the first try of the client's own retry policy. The stock lives as long as the pool;
-``client.aclose()`` does not reach it, and its connections are closed when the pool is garbage
-collected.
+``BlockingConnectionPool`` without client-side caching get a lane; every other client (cluster,
+Sentinel, instrumented) takes the ordinary path (:func:`tasklock.asyncio.scripts.run_script`), and
+so does a call the server answered NOSCRIPT (not run: the ordinary path loads the script). As for
+the sync lanes, a lane's connections speak RESP2 whatever the pool speaks (see
+:mod:`tasklock.core.lanes`), and a call that was written is written again only as the client's
+own retry policy allows: a lost connection or a timeout is that policy's first failure. The stock
+lives as long as the pool; ``client.aclose()`` does not reach it, and its connections are closed
+when the pool is garbage collected.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from redis.exceptions import NoScriptError
 from tasklock.asyncio.replies import ReplyReader
 from tasklock.asyncio.scripts import run_script
 from tasklock.core.connection import describe_client
-from tasklock.core.lanes import encoder_of
+from tasklock.core.lanes import encoder_of, resp2_settings
 from tasklock.core.scripting import Script, _bulk, encoded_parts
 
 __all__ = ["AsyncBoundScript", "AsyncLane", "LaneConnection", "async_lane_for"]
@@ -147,6 +148,7 @@ class AsyncLane:
         "encoded",
         "encoding",
         "failing",
+        "retry",
         "timeout",
         "where",
     )
@@ -160,11 +162,12 @@ class AsyncLane:
         self.timeout: float | None = kwargs.get("socket_timeout")
         self.where = where
         self._make = pool.connection_class
-        # Without the pool's maintenance-notification handler: those are RESP3 push messages
-        # (lanes speak RESP2), and the handler refers to the pool, which owns this lane.
-        self._kwargs = {
-            key: value for key, value in kwargs.items() if key != "maint_notifications_pool_handler"
-        }
+        # RESP2, whatever the pool speaks, and without the pool's maintenance-notification
+        # handler (RESP3 push messages; it also refers to the pool, which owns this lane).
+        self._kwargs = resp2_settings(kwargs)
+        #: The retry policy of the pool's connections (set when the first connection is made):
+        #: it alone decides whether a call that was written is written again.
+        self.retry: Any = None
         self._idle: collections.deque[LaneConnection] = collections.deque()
         self.encode = encode
         #: The fixed parts of script calls already encoded (see
@@ -188,6 +191,7 @@ class AsyncLane:
         """A new connection, taken (it goes back to the stock after its first exchange)."""
         connection = self._make(**self._kwargs)
         await connection.connect()
+        self.retry = connection.retry
         return LaneConnection(self, connection)
 
     def put(self, connection: LaneConnection) -> None:
@@ -232,12 +236,7 @@ def async_lane_for(client: Any) -> AsyncLane | None:
     except TypeError:  # not weak-referenceable
         return None
     lane: AsyncLane | None = None
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
-    if (
-        type(pool) in _POOL_CLASSES
-        and getattr(pool, "cache", None) is None
-        and str(kwargs.get("protocol") or 2) == "2"
-    ):
+    if type(pool) in _POOL_CLASSES and getattr(pool, "cache", None) is None:
         lane = AsyncLane(pool, encoder_of(client), describe_client(client))
         weakref.finalize(pool, lane.close_all)
     return _lanes.setdefault(pool, lane)
@@ -287,7 +286,6 @@ class AsyncBoundScript:
         """The script's answer. If the caller is cancelled while the reply is on its way, the
         reply still arrives: ``on_late`` gets it, and ``on_cancel`` a future of it."""
         lane = self._lane
-        connection = None
         if lane is not None:
             packed = b"*%d\r\n%s%s%s" % (
                 self._argc + len(args),
@@ -295,56 +293,100 @@ class AsyncBoundScript:
                 _bulk(map(lane.encode, args)),
                 self._tail,
             )
-            connection = lane.take_idle()  # (usable, and nothing is awaited before the write)
-            if connection is None:
-                connection = await lane.connect()
-                if not connection.usable:  # lost while it was being set up
-                    connection.close()
-                    connection = None
-        if lane is not None and connection is not None:
-            loop = asyncio.get_running_loop()
-            answered: asyncio.Future[Any] = loop.create_future()
-            late: list[asyncio.Future[Any]] = []
-            delivered: list[Any] = []  # a late reply that came before the cancellation's handler
-
-            def deliver(reply: Any) -> None:
-                if not answered.done():
-                    answered.set_result(reply)
-                else:  # the caller left (cancelled, or timed out): the reply is a late one
-                    handle_late(reply)
-
-            def handle_late(reply: Any) -> None:
-                delivered.append(reply)
-                for future in late:
-                    _resolve(future, reply)
-                if on_late is not None and not isinstance(reply, BaseException):
-                    try:
-                        on_late(reply, args)
-                    except Exception:
-                        log.exception("handling the late reply of a %s call", self.script.name)
-
-            connection.transport.write(packed)
-            connection.reader.expect(deliver)
-            if lane.timeout is not None:  # (a reply past it: a TimeoutError, raised below)
-                connection.answer_within(loop, lane.timeout)
-            try:
-                answer = await answered
-            except asyncio.CancelledError:
-                if on_cancel is not None:
-                    future = loop.create_future()
-                    if delivered:  # the late reply is already in
-                        _resolve(future, delivered[0])
-                    else:
-                        late.append(future)
-                    on_cancel(future)
-                if answered.done() and not answered.cancelled():
-                    # The reply came in before the cancellation was delivered: late all the
-                    # same (an acquire that took the lock must release it).
-                    handle_late(answered.result())
-                raise
-            if not isinstance(answer, NoScriptError | redis_errors.ConnectionError):
+            answer = await self._exchange(lane, packed, args, on_cancel, on_late)
+            if isinstance(answer, redis_errors.ConnectionError | redis_errors.TimeoutError):
+                # Sent, so it may have run: only the client's retry policy may send it again.
+                answer = await self._retried(lane, packed, args, on_cancel, on_late, answer)
+            if not isinstance(answer, NoScriptError):
                 if isinstance(answer, BaseException):
                     raise answer
                 return answer
-            # NOSCRIPT (not run) or a lost connection: the ordinary way, as a first retry
+            # NOSCRIPT: not run; the ordinary way loads the script
         return await run_script(self.client, self.script, self.keys, (*args, *self.tail))
+
+    async def _retried(
+        self,
+        lane: AsyncLane,
+        packed: bytes,
+        args: tuple[Any, ...],
+        on_cancel: Callable[[asyncio.Future[Any]], None] | None,
+        on_late: Callable[[Any, tuple[Any, ...]], None] | None,
+        error: Exception,
+    ) -> Any:
+        """The rest of the client's retry policy (its connections' ``retry``) for a call whose
+        first attempt failed after it was written: ``error`` is that policy's first failure, and
+        each further attempt is made on the lane, as redis-py's ``execute_command`` would make it
+        on a pooled connection (see :func:`tasklock.core.scripting._retried`). A lost connection
+        is closed already: nothing to do on a failure but count it."""
+        first: list[Exception] = [error]
+
+        async def attempt() -> Any:
+            if first:
+                raise first.pop()
+            answer = await self._exchange(lane, packed, args, on_cancel, on_late)
+            if isinstance(answer, redis_errors.ConnectionError | redis_errors.TimeoutError):
+                raise answer
+            return answer
+
+        async def failed(_error: Exception) -> None:
+            return None
+
+        return await lane.retry.call_with_retry(attempt, failed)
+
+    async def _exchange(
+        self,
+        lane: AsyncLane,
+        packed: bytes,
+        args: tuple[Any, ...],
+        on_cancel: Callable[[asyncio.Future[Any]], None] | None,
+        on_late: Callable[[Any, tuple[Any, ...]], None] | None,
+    ) -> Any:
+        """One attempt on the lane: the reply, or the error instance the server or the
+        connection gave (a server's error, a lost connection, a timeout), returned, not raised;
+        only a failed connect and a cancellation raise."""
+        connection = lane.take_idle()  # (usable, and nothing is awaited before the write)
+        if connection is None:
+            connection = await lane.connect()
+            if not connection.usable:  # lost while it was being set up
+                connection.close()
+                return redis_errors.ConnectionError(f"the connection to {lane.where} was lost")
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[Any] = loop.create_future()
+        late: list[asyncio.Future[Any]] = []
+        delivered: list[Any] = []  # a late reply that came before the cancellation's handler
+
+        def deliver(reply: Any) -> None:
+            if not answered.done():
+                answered.set_result(reply)
+            else:  # the caller left (cancelled, or timed out): the reply is a late one
+                handle_late(reply)
+
+        def handle_late(reply: Any) -> None:
+            delivered.append(reply)
+            for future in late:
+                _resolve(future, reply)
+            if on_late is not None and not isinstance(reply, BaseException):
+                try:
+                    on_late(reply, args)
+                except Exception:
+                    log.exception("handling the late reply of a %s call", self.script.name)
+
+        connection.transport.write(packed)
+        connection.reader.expect(deliver)
+        if lane.timeout is not None:  # (a reply past it: a TimeoutError, returned)
+            connection.answer_within(loop, lane.timeout)
+        try:
+            return await answered
+        except asyncio.CancelledError:
+            if on_cancel is not None:
+                future = loop.create_future()
+                if delivered:  # the late reply is already in
+                    _resolve(future, delivered[0])
+                else:
+                    late.append(future)
+                on_cancel(future)
+            if answered.done() and not answered.cancelled():
+                # The reply came in before the cancellation was delivered: late all the
+                # same (an acquire that took the lock must release it).
+                handle_late(answered.result())
+            raise

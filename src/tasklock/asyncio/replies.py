@@ -1,4 +1,5 @@
-"""Reading a lane connection's replies ourselves: RESP2, parsed as the bytes arrive.
+"""Reading a lane connection's replies ourselves: RESP2 (lanes never speak RESP3), parsed as the
+bytes arrive.
 
 A lane connection (:mod:`tasklock.asyncio.lanes`) is opened by redis-py (TCP or TLS, HELLO, AUTH,
 SELECT: everything a connection needs before its first command), then tasklock takes its
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse
 
 from tasklock.core.replies import INCOMPLETE, parse_reply
 
@@ -65,7 +67,8 @@ class ReplyReader(asyncio.Protocol):
             try:
                 reply, after = parse_reply(buffer, position)
             except Exception as exc:
-                self._lose(RedisConnectionError(f"{self._where}: unreadable reply ({exc})"))
+                # Never taken for a lost connection (whose call may be sent again).
+                self._lose(InvalidResponse(f"{self._where}: unreadable reply ({exc})"))
                 return
             if reply is INCOMPLETE:
                 break

@@ -17,12 +17,27 @@ instead: opening a connection (a TCP handshake and redis-py's greeting) costs mo
 pooled calls save, and a process that lives for one job (RQ's work horse: acquire, release, done)
 never needs one.
 
-Lanes are only made for pools whose connections need nothing from the pool after they are made:
-redis-py's ``ConnectionPool`` and ``BlockingConnectionPool`` speaking RESP2 without client-side
-caching. RESP3 connections can carry push messages (maintenance notifications) that redis-py routes
-through the pool, and client-side caching wraps connections in the pool; those clients, and every
-client that is not a stock ``redis.Redis`` (cluster, single-connection, instrumented), keep the
-ordinary path.
+A lane's connections speak RESP2, whatever the client's pool speaks (redis-py 8 speaks RESP3 unless
+told otherwise). They carry only tasklock's scripts, whose replies tasklock parses itself
+(:mod:`tasklock.core.replies`), and a script's reply is the same value in both protocols once
+parsed (a Lua ``nil``/``false`` is RESP2's null bulk string and RESP3's ``_``; scripts never switch
+to RESP3 with ``redis.setresp``). RESP2 has no push messages, so nothing but the one reply to the
+one command can ever arrive; a RESP3 connection could also carry maintenance notifications
+(``MOVING``, ``MIGRATING``), meant for the pool's handler, and client-side caching's invalidations.
+The pool's own connections keep the client's protocol. Why not parse RESP3 on the lane instead:
+measured the same CPU per lock cycle (docs/benchmarks.md), and it would have to route push frames
+it does not own; see docs/architecture.md ("The hot path").
+
+Lanes are made for pools whose connections need nothing from the pool after they are made:
+redis-py's ``ConnectionPool`` and ``BlockingConnectionPool`` without client-side caching (which
+wraps connections in the pool). Every client that is not a stock ``redis.Redis`` (cluster,
+single-connection, instrumented) keeps the ordinary path.
+
+A call that was sent is never sent again by tasklock on its own: once the command is written, a
+lost connection or a timeout is the first failure of the client's own retry policy (its
+``retry``: redis-py's ``Retry``), which decides, as it would in ``execute_command``, whether the
+call is tried again (on the lane) or the error is raised. A reply the parser cannot read raises
+redis-py's ``InvalidResponse`` and is never retried.
 
 No lanes under gevent or eventlet. Their monkey-patching turns ``threading.local`` into a
 greenlet-local, and their Celery pools run every task in a greenlet of its own: a lane per greenlet
@@ -51,16 +66,17 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tasklock.core.replies import INCOMPLETE, parse_reply
 
-__all__ = ["Lane", "encoder_of", "green_threads", "lane_for", "round_trip"]
+__all__ = ["Lane", "encoder_of", "green_threads", "lane_for", "resp2_settings", "round_trip"]
 
 # The stock method, remembered before anything (a tracer, say) could patch it: a client whose
 # execute_command differs from it is instrumented, and its calls must go through it.
@@ -141,8 +157,29 @@ class Lane:
             if pool is None or green_threads():  # (a pool gone: unreachable while it has a client)
                 local.calls = 0  # and checked again after another warm-up, not on every call
                 return None
-            connection = local.connection = pool.connection_class(**pool.connection_kwargs)
+            connection = local.connection = pool.connection_class(
+                **resp2_settings(pool.connection_kwargs)
+            )
         return connection
+
+
+#: What a pool's settings hold for RESP3 connections only (maintenance notifications, which are
+#: RESP3 push messages, and the pool's handler of them): a lane's RESP2 connection takes none.
+_RESP3_ONLY = frozenset(
+    {
+        "maint_notifications_config",
+        "maint_notifications_pool_handler",
+        "oss_cluster_maint_notifications_handler",
+    }
+)
+
+
+def resp2_settings(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A pool's connection settings (host, credentials, TLS, timeouts, retry policy...) for a
+    lane's connection: the same, but speaking RESP2 (see the module docstring)."""
+    settings = {key: value for key, value in kwargs.items() if key not in _RESP3_ONLY}
+    settings["protocol"] = 2
+    return settings
 
 
 def encoder_of(client: Any) -> Callable[[Any], bytes]:
@@ -186,12 +223,10 @@ def lane_for(client: Any) -> Lane | None:
     except TypeError:  # not weak-referenceable
         return None
     lane: Lane | None = None
-    kwargs = getattr(pool, "connection_kwargs", None) or {}
     if (
         type(pool) in _POOL_CLASSES
         and getattr(pool, "connection_class", None) in _CONNECTION_CLASSES
         and getattr(pool, "cache", None) is None
-        and str(kwargs.get("protocol") or 2) == "2"
         and not green_threads()
     ):
         lane = Lane(pool, encoder_of(client))
@@ -211,8 +246,8 @@ def round_trip(connection: Any, packed: bytes) -> Any:
     (:func:`tasklock.core.replies.parse_reply`): redis-py's per-command layer and its parser cost
     a lock cycle more CPU than the cycle's own work. The rest is as redis-py's
     ``read_response``: an error reply is returned as its exception instance; a timeout, a lost
-    connection or anything raised into the thread mid-call disconnects (so no stale reply is
-    ever read) and raises as redis-py would.
+    connection, a reply that cannot be read (``InvalidResponse``) or anything raised into the
+    thread mid-call disconnects (so no stale reply is ever read) and raises as redis-py would.
     """
     if connection.health_check_interval and time.monotonic() > connection.next_health_check:
         connection.check_health()
@@ -231,7 +266,7 @@ def round_trip(connection: Any, packed: bytes) -> Any:
                 reply, after = parse_reply(buffer, 0)
             data = bytes(buffer)
         if after != len(data):
-            raise RedisConnectionError("more than one reply to one command on a tasklock lane")
+            raise InvalidResponse("more than one reply to one command on a tasklock lane")
     except TimeoutError:
         connection.disconnect()
         raise RedisTimeoutError("Timeout reading from the lock's server") from None

@@ -1,5 +1,10 @@
 """RESP2 replies parsed by tasklock itself, for the lane connections of both drivers.
 
+Lane connections always speak RESP2, whatever their client speaks (see :mod:`tasklock.core.lanes`),
+so no RESP3 type (``_``, ``#``, ``%``, push frames...) can reach this parser; a byte it does not
+know raises redis-py's ``InvalidResponse``, which is never taken for a lost connection (that would
+send the call again).
+
 A lane connection (:mod:`tasklock.core.lanes`, :mod:`tasklock.asyncio.lanes`) carries only
 tasklock's own commands, one thread's or one loop's, so its replies can be read without redis-py's
 parser: through it, reading one small reply cost more CPU than sending the command. Only what
@@ -13,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from redis._parsers.base import BaseParser
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse
 
 __all__ = ["INCOMPLETE", "parse_reply"]
 
@@ -61,4 +66,4 @@ def parse_reply(buffer: bytes | bytearray, start: int) -> tuple[Any, int]:
     if kind == 45:  # "-" error: redis-py's class for it (NoScriptError, NoPermissionError...)
         error = BaseParser.parse_error(line.decode(errors="replace"))  # type: ignore[no-untyped-call]
         return error, after
-    raise RedisConnectionError(f"unexpected reply type {chr(kind)!r} on a tasklock connection")
+    raise InvalidResponse(f"unexpected reply type {chr(kind)!r} on a tasklock connection")

@@ -40,7 +40,7 @@ class Script:
         """Run on ``client`` (a redis-py client): one EVALSHA, and a load + retry on NOSCRIPT.
 
         Sent on the thread's own connection when the client has a lane (see BoundScript),
-        else (and after any failure there) through the client itself."""
+        else (and after NOSCRIPT there) through the client itself."""
         lane = lane_for(client)
         connection = lane.connection() if lane is not None else None
         if lane is not None and connection is not None:
@@ -79,21 +79,41 @@ _MISSED: Any = object()
 
 
 def _send(connection: Any, packed: bytes) -> Any:
-    """Send one packed call on a lane's connection; its answer, or _MISSED when it must be sent
-    again the ordinary way (a connection error, a timeout, NOSCRIPT)."""
+    """Send one packed call on a lane's connection; its answer, or _MISSED when the server did
+    not run it (NOSCRIPT) and it must go the ordinary way, which loads the script."""
     # A connect failure is raised as the client would raise it: its connect() has already been
-    # through the retry policy, and the ordinary path would not retry it.
+    # through the retry policy, and nothing was sent.
     if connection._sock is None:
         connection.connect()
     try:
         answer = round_trip(connection, packed)
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError):
-        return _MISSED  # (round_trip has already disconnected a connection that failed)
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError) as error:
+        # Sent, so it may have run: only the client's retry policy may send it again.
+        answer = _retried(connection, packed, error)
     if isinstance(answer, NoScriptError):
         return _MISSED
     if isinstance(answer, redis_errors.ResponseError):
         raise answer
     return answer
+
+
+def _retried(connection: Any, packed: bytes, error: Exception) -> Any:
+    """The rest of the client's retry policy (the connection's ``retry``, from the pool's
+    settings) for a call whose first attempt failed after it was sent: ``error`` counts as that
+    policy's first failure, and each further attempt is made on the lane, exactly as redis-py's
+    ``execute_command`` would make it on its pooled connection. With no retries (redis-py's
+    ``from_url`` default) the error is raised; a call is never sent more times than the policy
+    allows. (``round_trip`` has already disconnected the connection that failed.)"""
+    first: list[Exception] = [error]
+
+    def attempt() -> Any:
+        if first:
+            raise first.pop()
+        if connection._sock is None:
+            connection.connect()
+        return round_trip(connection, packed)
+
+    return connection.retry.call_with_retry(attempt, lambda _error: connection.disconnect())
 
 
 class BoundScript:
@@ -103,11 +123,11 @@ class BoundScript:
     arguments, and sent on this thread's own connection to the client's server once it has one
     (see :mod:`tasklock.core.lanes`; until then, the ordinary way). That skips redis-py's
     per-command layer and its pool, and nothing else: the answer and the errors are the same as
-    :meth:`Script.__call__`'s. A connection-level error on that connection, or NOSCRIPT, sends
-    the call again the ordinary way, through the client's own retry policy and the script load,
-    exactly as if the fast attempt had been the first try of that policy; a connection that
-    cannot be made at all is an error at once, as it is for the client. Clients it cannot vouch
-    for always take the ordinary way.
+    :meth:`Script.__call__`'s. A connection-level error after the send is the first failure of
+    the client's own retry policy, which alone decides whether it is sent again (see
+    :func:`_retried`); NOSCRIPT (not run) sends it the ordinary way, which loads the script; a
+    connection that cannot be made at all is an error at once, as it is for the client. Clients
+    it cannot vouch for always take the ordinary way.
     """
 
     __slots__ = ("_argc", "_head", "_lane", "_tail", "client", "keys", "script", "tail")

@@ -13,7 +13,9 @@ from tests.support.servers import RedisServer
 
 @pytest.fixture
 async def ar(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_server.url, socket_timeout=5)
+    client = aioredis.Redis.from_url(
+        redis_server.url, socket_timeout=5, protocol=RedisServer.protocol
+    )
     await client.flushall()
     yield client
     await client.aclose()

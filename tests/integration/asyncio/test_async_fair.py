@@ -12,7 +12,8 @@ from tasklock.asyncio import Lock, Semaphore
 from tasklock.core.keys import queue_keys_for
 from tests.integration.asyncio.test_async_lock import eventually
 
-pytestmark = pytest.mark.timeout(60)
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("resp")]
 
 
 async def queued(r: aioredis.Redis, name: str) -> int:

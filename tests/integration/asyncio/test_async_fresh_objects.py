@@ -7,10 +7,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 import tasklock.asyncio
 from tests.support.garbage import cyclic_garbage
+
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
 
 
 async def test_an_asyncio_lock_made_per_use_is_freed_without_the_garbage_collector(

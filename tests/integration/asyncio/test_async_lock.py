@@ -21,7 +21,8 @@ from tests.support.polling import async_eventually as eventually
 from tests.support.servers import RedisServer
 from tests.support.sockets import unread_bytes
 
-pytestmark = pytest.mark.timeout(60)
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("resp")]
 
 #: A waiter's first fallback poll would come 15-30 s after it went to sleep: a waiter that holds
 #: the lock well before that was woken by the release.

@@ -24,7 +24,8 @@ from tasklock.errors import BackendUnavailable, ConfigurationError
 from tests.integration.asyncio.test_async_lock import eventually
 from tests.support.servers import RedisServer, free_port
 
-pytestmark = pytest.mark.timeout(60)
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("resp")]
 
 SECOND = 1_000_000
 #: Never binds here, but keeps a short limit's key alive for seconds (see test_ratelimit.py).

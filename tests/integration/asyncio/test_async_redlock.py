@@ -19,7 +19,8 @@ from tasklock.errors import QuorumNotReached
 from tests.support.polling import async_eventually as eventually
 from tests.support.servers import RedisServer
 
-pytestmark = pytest.mark.timeout(60)
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("resp")]
 
 NODE_TIMEOUT = 0.25  # generous: these tests are about behaviour, not about slow masters
 SLACK = 2.0  # scheduling on a busy CI machine; still below the 5 s socket timeout
@@ -32,7 +33,10 @@ CLEANUP = 10.0  # well below the 30 s TTL: a key gone by then was deleted, not e
 
 
 def connect(servers: list[RedisServer]) -> list[aioredis.Redis]:
-    return [aioredis.Redis.from_url(server.url, socket_timeout=5) for server in servers]
+    return [
+        aioredis.Redis.from_url(server.url, socket_timeout=5, protocol=RedisServer.protocol)
+        for server in servers
+    ]
 
 
 @pytest.fixture

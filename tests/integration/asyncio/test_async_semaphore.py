@@ -17,7 +17,8 @@ from tests.integration.asyncio.test_async_lock import (
     subscribers,
 )
 
-pytestmark = pytest.mark.timeout(60)
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("resp")]
 
 
 async def test_limit_holders_then_the_next_waits(ar: aioredis.Redis) -> None:

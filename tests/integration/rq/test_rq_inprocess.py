@@ -28,6 +28,9 @@ from tests.integration.rq.support import drain, hold, status
 from tests.support.polling import eventually
 from tests.support.servers import free_port
 
+# Both RESP versions (tests/conftest.py: resp): redis-py 8 speaks RESP3 unless told otherwise.
+pytestmark = pytest.mark.usefixtures("resp")
+
 
 def meta(job: Job) -> dict[str, Any]:
     job.refresh()
