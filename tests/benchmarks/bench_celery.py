@@ -40,6 +40,8 @@ from celery_once import QueueOnce
 from celery_singleton import Singleton
 
 from tasklock.celery import singleton_task
+from tasklock.compat.celery_once import QueueOnce as QueueOnceDropIn
+from tasklock.compat.celery_singleton import Singleton as SingletonDropIn
 from tasklock.core.connection import client_for_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +110,16 @@ def celery_once(i: int) -> int:
     return i
 
 
+@app.task(name="bench.celery_singleton_drop_in", base=SingletonDropIn)
+def celery_singleton_drop_in(i: int) -> int:
+    return i
+
+
+@app.task(name="bench.celery_once_drop_in", base=QueueOnceDropIn)
+def celery_once_drop_in(i: int) -> int:
+    return i
+
+
 VARIANTS: dict[str, Any] = {
     "plain task": plain,
     "plain + 2 socket round trips": floor_socket,
@@ -116,6 +128,8 @@ VARIANTS: dict[str, Any] = {
     "tasklock + dedupe_enqueue": locked_dedupe,
     "celery-singleton": celery_singleton,
     "celery-once": celery_once,
+    "tasklock celery-singleton drop-in": celery_singleton_drop_in,
+    "tasklock celery-once drop-in": celery_once_drop_in,
 }
 
 
@@ -249,6 +263,7 @@ def main() -> None:
         )
     if {OURS, FLOOR_TASK, SOCKET_FLOOR} <= set(timings):
         report_targets(rows, timings, n)
+    report_against_originals(timings)
     if options.json:
         Path(options.json).write_text(
             json.dumps(
@@ -323,6 +338,37 @@ def report_targets(
         ("CPU per call beyond the floor task's <= 40 us", statistics.median(cpus) <= 40),
     ):
         print(f"    {'met ' if ok else 'MISS'}  {label}")
+
+
+ORIGINALS = ("celery-once", "celery-singleton")
+#: tasklock's variants judged against the originals end to end (issue 39: >= 1.0x each).
+AGAINST_ORIGINALS = (
+    OURS,
+    "tasklock + dedupe_enqueue",
+    "tasklock celery-singleton drop-in",
+    "tasklock celery-once drop-in",
+)
+
+
+def report_against_originals(timings: dict[str, list[tuple[float, float, float]]]) -> None:
+    """Each of tasklock's variants end to end (enqueue + drain) against each original, paired
+    per round: median and range over the rounds. Target: >= 1.0x each."""
+    originals = [name for name in ORIGINALS if name in timings]
+    ours = [name for name in AGAINST_ORIGINALS if name in timings]
+    if not originals or not ours:
+        return
+    print("\nend to end against the originals, paired per round (target >= 1.00x each):")
+    for name in ours:
+        cells = []
+        for original in originals:
+            ratios = sorted(
+                (o[0] + o[1]) / (t[0] + t[1])
+                for t, o in zip(timings[name], timings[original], strict=True)
+            )
+            median = statistics.median(ratios)
+            mark = "" if median >= 1.0 else " MISS"
+            cells.append(f"{median:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) vs {original}{mark}")
+        print(f"    {name:34} " + ";  ".join(cells))
 
 
 if __name__ == "__main__":

@@ -172,10 +172,21 @@ class QueueOnce(CompatTask):
         return bool(self.once.get("unlock_before_run", False))
 
     # -- keys ------------------------------------------------------------------------------------
+    def _run_signature(self) -> inspect.Signature:
+        """The signature of the task's ``run`` (``autoretry_for`` wraps it: the original's),
+        kept per function: ``inspect.signature`` cost each enqueue more than its claim's Python
+        (the original asked for it per call too)."""
+        run = getattr(self, "_orig_run", self.run)
+        key = (getattr(run, "__func__", run), hasattr(run, "__self__"))
+        kept = self.__dict__.get("_tasklock_run_signature")
+        if kept is None or kept[0] != key:
+            kept = (key, inspect.signature(run))
+            self.__dict__["_tasklock_run_signature"] = kept
+        return kept[1]
+
     def _get_call_args(self, args: Any, kwargs: Any) -> dict[str, Any]:
-        run = getattr(self, "_orig_run", self.run)  # autoretry_for wraps run
         try:
-            bound = inspect.signature(run).bind(*(args or ()), **(kwargs or {}))
+            bound = self._run_signature().bind(*(args or ()), **(kwargs or {}))
         except TypeError as exc:
             raise TypeError(f"arguments do not match task {self.name}: {exc}") from None
         call_args = dict(bound.arguments)
@@ -191,8 +202,7 @@ class QueueOnce(CompatTask):
         restrict_to = self.once.get("keys")
         call_args = self._get_call_args(args, kwargs)
         if restrict_to is not None:
-            run = getattr(self, "_orig_run", self.run)
-            params = inspect.signature(run).parameters
+            params = self._run_signature().parameters
             for name in restrict_to:
                 if name not in call_args and name in params:
                     default = params[name].default
