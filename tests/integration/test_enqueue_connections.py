@@ -22,6 +22,7 @@ from rq import Queue
 from tasklock.celery import singleton_task
 from tasklock.compat.celery_once import QueueOnce
 from tasklock.compat.celery_singleton import Singleton
+from tasklock.core.redis_backend import RedisMarkers
 from tasklock.core.scripts import CLAIM
 from tasklock.guard import reset_all
 from tests.integration.celery.support import configure
@@ -126,3 +127,24 @@ def test_deduplicated_enqueues_share_connections_and_run_one_claim_each(
     claims = claims_run(counted)
     assert opened <= 10, f"{CALLS} enqueues opened {opened} connections (protocol {protocol})"
     assert claims == CALLS, f"{CALLS} enqueues ran the claim {claims} times (protocol {protocol})"
+
+
+def test_a_marker_is_renewed_in_one_round_trip(
+    counted: redis.Redis, redis_server: RedisServer, resp: int
+) -> None:
+    """A run of the drop-ins renews its marker as it starts (and a queued ``until_start`` run
+    while it waits): one script, which gives a marker that is ours a full TTL from now (it was a
+    claim and then a PEXPIRE: two round trips per run)."""
+    markers = RedisMarkers(redis_server.client())
+    assert markers.claim("tasklock:{t}:pending:1", "run-1", 1000, "claiming") is None
+    counted.slowlog_reset()
+    assert markers.renew("tasklock:{t}:pending:1", "run-1", 600_000, "renewing") is None
+    entries = [e for e in counted.slowlog_get(100) if not e["command"].startswith(b"SLOWLOG")]
+    # A script's own commands are logged without a client address.
+    sent = [e["command"].split()[0] for e in entries if e["client_address"] != b"?:0"]
+    inside = [e["command"].split()[0] for e in entries if e["client_address"] == b"?:0"]
+    assert sent == [b"EVALSHA"], f"the renewal sent {sent}"
+    assert b"PEXPIRE" in inside, inside
+    assert counted.pttl("tasklock:{t}:pending:1") > 1000
+    # Another's marker is neither renewed nor taken.
+    assert markers.renew("tasklock:{t}:pending:1", "run-2", 600_000, "renewing") == "run-1"

@@ -109,7 +109,7 @@ def count_clients(store: Any) -> list[Any]:
 
 
 class RedisMarkers:
-    """Markers on Redis: the ``CLAIM`` and ``DELETE_IF`` scripts (and PEXPIRE to renew)."""
+    """Markers on Redis: the ``CLAIM`` (which also renews) and ``DELETE_IF`` scripts."""
 
     __slots__ = ("client",)
 
@@ -124,14 +124,10 @@ class RedisMarkers:
         return existing.decode() if isinstance(existing, bytes) else str(existing)
 
     def renew(self, key: str, task_id: str, ttl_ms: int, what: str) -> str | None:
-        with backend_errors(self.client, what):
-            existing = CLAIM(self.client, (key,), (task_id, ttl_ms))
-            if existing is not None:
-                return existing.decode() if isinstance(existing, bytes) else str(existing)
-            # Ours (claimed again, or still ours): a full TTL from now. Only our own run deletes
-            # or replaces a marker that names a pending task, so it is still ours.
-            self.client.pexpire(key, ttl_ms)
-        return None
+        # CLAIM gives a marker that is ours (claimed again, or still ours) a full TTL from now,
+        # in the same round trip. Only our own run deletes or replaces a marker that names a
+        # pending task, so one that is ours stays ours.
+        return self.claim(key, task_id, ttl_ms, what)
 
     def delete_if(self, key: str, task_id: str, what: str) -> bool:
         with backend_errors(self.client, what):

@@ -314,8 +314,9 @@ return answer
 
 # Enqueue-time marker (dedupe_enqueue): claim it for a task id unless another is pending.
 # KEYS[1] marker key; ARGV[1] task id, ARGV[2] TTL in ms
-# Returns false (nil) when claimed (also when it was already ours: a retried call), else the id of
-# the task already pending.
+# Returns false (nil) when claimed, else the id of the task already pending. A marker that is
+# already ours (a retried call, a renewal, a run claiming again for its retry) is ours for a full
+# ARGV[2] ms from now: a renewal is one round trip, not a claim and a PEXPIRE.
 CLAIM = Script(
     "claim",
     """
@@ -324,6 +325,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return false
 end
 return current
