@@ -5,7 +5,7 @@ ratios; this driver only runs them in turn and fails if one fails. ``--quick`` u
 (a smoke run that the figures should not be quoted from).
 
     python tests/benchmarks/run_all.py [--quick] [lock redlock celery rq asyncio semaphore
-        contention rate enqueue fencing etcd zookeeper]
+        contention rate enqueue task_instructions fencing etcd zookeeper]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ QUICK = {
     "contention": ["--quick"],
     "rate": ["--calls", "30", "--rounds", "3", "--cost-calls", "100", "--seconds", "0.5"],
     "enqueue": ["--n", "100", "--rounds", "3"],
+    "task_instructions": ["--calls", "200"],
     "fencing": ["--calls", "10", "--rounds", "3"],
     "etcd": ["--rounds", "3", "--round-ms", "30", "--warmup", "0.1"],
     "zookeeper": ["--rounds", "3", "--round-ms", "30", "--warmup", "0.1"],
