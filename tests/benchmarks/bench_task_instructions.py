@@ -36,8 +36,9 @@ if str(ROOT) not in sys.path:
 VARIANTS = ("floor", "singleton")
 
 
-def tracer_for(url: str, variant: str) -> Any:
-    """A function making one call of ``variant`` through Celery's tracer, in this process."""
+def tracers(url: str) -> dict[str, Any]:
+    """For each variant, a function making one call of it through Celery's tracer, in this
+    process (one app for both, as a worker has)."""
     from celery import Celery
     from celery.app.trace import build_tracer
 
@@ -57,23 +58,26 @@ def tracer_for(url: str, variant: str) -> Any:
     def locked(i: int) -> int:
         return i
 
-    task = floor if variant == "floor" else locked
-    tracer = build_tracer(task.name, task, app=app)
     request = {"delivery_info": {"routing_key": "celery"}}
-    return lambda i: tracer(f"id-{variant}-{i}", (i,), {}, request)
+
+    def caller(task: Any) -> Any:
+        tracer = build_tracer(task.name, task, app=app)
+        return lambda i: tracer(f"id-{task.name}-{i}", (i,), {}, request)
+
+    return {"floor": caller(floor), "singleton": caller(locked)}
 
 
 def run_calls(url: str, variant: str, calls: int) -> None:
     """In this process: ``calls`` calls of ``variant`` through Celery's tracer, after a warm-up
     (imports, connections, scripts loaded: paid by the runs of N calls and of none alike)."""
-    call = tracer_for(url, variant)
+    call = tracers(url)[variant]
     for i in range(50 + calls):
         call(i)
 
 
 def cpu_per_call(url: str, calls: int, rounds: int = 7) -> dict[str, float]:
     """Each variant's CPU time per call in this process (us), medians of alternating rounds."""
-    calls_of = {variant: tracer_for(url, variant) for variant in VARIANTS}
+    calls_of = tracers(url)
     for call in calls_of.values():
         for i in range(50):
             call(-i - 1)
