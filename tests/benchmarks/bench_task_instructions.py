@@ -139,8 +139,11 @@ def main() -> None:
         f"({extra / per_call['floor']:+.0%}; about {extra / rate:+.0f} us at the floor task's "
         f"{rate / 1000:.1f}k instructions per us of CPU), measured CPU {extra_cpu:+.0f} us"
     )
-    verdict = "met " if extra_cpu <= 40 else "MISS"
-    print(f"    {verdict}  measured CPU beyond the floor task's <= 40 us")
+    # The instruction count is the steady figure (CPU time at this scale moves with the
+    # process's state: docs/benchmarks.md); the measured CPU is shown beside it.
+    for label, value in (("by instructions", extra / rate), ("by measured CPU", extra_cpu)):
+        verdict = "met " if value <= 40 else "MISS"
+        print(f"    {verdict}  beyond the floor task's <= 40 us, {label}")
 
 
 if __name__ == "__main__":
