@@ -81,8 +81,9 @@ def zookeeper_clients_stay_in_their_module() -> Iterator[None]:
 
 @pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
 def resp(request: pytest.FixtureRequest) -> Iterator[int]:
-    """The test runs twice: every client ``RedisServer.client()`` makes (``r``, ``ar``, Redlock's
-    masters', the test's own) speaks RESP2 in one run and RESP3 in the other. A module opts in
+    """The test runs twice: every client ``RedisServer.client()`` makes (``r``, Redlock's
+    masters', the test's own) and every client made from ``RedisServer.url`` (``ar``, a guard's
+    ``url``, ``TASKLOCK_URL``) speaks RESP2 in one run and RESP3 in the other. A module opts in
     with ``pytestmark = pytest.mark.usefixtures("resp")`` (set up before the test's clients).
     redis-py 8 speaks RESP3 unless told otherwise, older ones RESP2: users bring both."""
     RedisServer.protocol = request.param

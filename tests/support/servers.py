@@ -250,8 +250,9 @@ def _data_directory() -> Path:
 class RedisServer:
     """One redis-server process. ``url`` is stable across :meth:`restart`."""
 
-    #: The RESP version of every client :meth:`client` makes (None: redis-py's default, RESP3
-    #: from redis-py 8 on), set for one test by the ``resp`` fixture (tests/conftest.py).
+    #: The RESP version of every client :meth:`client` makes and of :attr:`url` (None: redis-py's
+    #: default, RESP3 from redis-py 8 on), set for one test by the ``resp`` fixture
+    #: (tests/conftest.py).
     protocol: ClassVar[int | None] = None
 
     appendonly: bool = False
@@ -267,9 +268,16 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        """The server's URL; under the ``resp`` fixture it names the RESP version too, so the
+        clients tasklock makes from it (a task's ``url``, ``TASKLOCK_URL``) speak it as well.
+        (Not for a Celery broker: kombu takes no ``protocol``.)"""
         if self.tls is not None:
-            return f"rediss://{HOST}:{self.port}/0?ssl_ca_certs={self.tls.ca}"
-        return f"redis://{HOST}:{self.port}/0"
+            url = f"rediss://{HOST}:{self.port}/0?ssl_ca_certs={self.tls.ca}"
+        else:
+            url = f"redis://{HOST}:{self.port}/0"
+        if RedisServer.protocol is not None:
+            url += f"{'&' if '?' in url else '?'}protocol={RedisServer.protocol}"
+        return url
 
     @property
     def executable(self) -> str:

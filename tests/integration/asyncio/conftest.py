@@ -13,9 +13,7 @@ from tests.support.servers import RedisServer
 
 @pytest.fixture
 async def ar(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(
-        redis_server.url, socket_timeout=5, protocol=RedisServer.protocol
-    )
+    client = aioredis.Redis.from_url(redis_server.url, socket_timeout=5)
     await client.flushall()
     yield client
     await client.aclose()

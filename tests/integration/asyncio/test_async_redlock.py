@@ -33,10 +33,7 @@ CLEANUP = 10.0  # well below the 30 s TTL: a key gone by then was deleted, not e
 
 
 def connect(servers: list[RedisServer]) -> list[aioredis.Redis]:
-    return [
-        aioredis.Redis.from_url(server.url, socket_timeout=5, protocol=RedisServer.protocol)
-        for server in servers
-    ]
+    return [aioredis.Redis.from_url(server.url, socket_timeout=5) for server in servers]
 
 
 @pytest.fixture
