@@ -32,9 +32,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from time import monotonic
 from typing import Any
 
@@ -206,6 +207,28 @@ class AsyncLane:
             self._idle.pop().close()
 
 
+async def _retried(retry: Any, error: Exception, exchange: Callable[[], Awaitable[Any]]) -> Any:
+    """The rest of the client's retry policy (``retry``: its connections' ``Retry``) for a call
+    whose first attempt failed after it was written: ``error`` is that policy's first failure,
+    and each further attempt is ``exchange()`` on the lane, as redis-py's ``execute_command``
+    would make it on a pooled connection (see :func:`tasklock.core.scripting._retried`). A lost
+    connection is closed already: nothing to do on a failure but count it."""
+    first: list[Exception] = [error]
+
+    async def attempt() -> Any:
+        if first:
+            raise first.pop()
+        answer = await exchange()
+        if isinstance(answer, redis_errors.ConnectionError | redis_errors.TimeoutError):
+            raise answer
+        return answer
+
+    async def failed(_error: Exception) -> None:
+        return None
+
+    return await retry.call_with_retry(attempt, failed)
+
+
 def _resolve(future: asyncio.Future[Any], reply: Any) -> None:
     if future.done():
         return
@@ -296,42 +319,14 @@ class AsyncBoundScript:
             answer = await self._exchange(lane, packed, args, on_cancel, on_late)
             if isinstance(answer, redis_errors.ConnectionError | redis_errors.TimeoutError):
                 # Sent, so it may have run: only the client's retry policy may send it again.
-                answer = await self._retried(lane, packed, args, on_cancel, on_late, answer)
+                again = functools.partial(self._exchange, lane, packed, args, on_cancel, on_late)
+                answer = await _retried(lane.retry, answer, again)
             if not isinstance(answer, NoScriptError):
                 if isinstance(answer, BaseException):
                     raise answer
                 return answer
             # NOSCRIPT: not run; the ordinary way loads the script
         return await run_script(self.client, self.script, self.keys, (*args, *self.tail))
-
-    async def _retried(
-        self,
-        lane: AsyncLane,
-        packed: bytes,
-        args: tuple[Any, ...],
-        on_cancel: Callable[[asyncio.Future[Any]], None] | None,
-        on_late: Callable[[Any, tuple[Any, ...]], None] | None,
-        error: Exception,
-    ) -> Any:
-        """The rest of the client's retry policy (its connections' ``retry``) for a call whose
-        first attempt failed after it was written: ``error`` is that policy's first failure, and
-        each further attempt is made on the lane, as redis-py's ``execute_command`` would make it
-        on a pooled connection (see :func:`tasklock.core.scripting._retried`). A lost connection
-        is closed already: nothing to do on a failure but count it."""
-        first: list[Exception] = [error]
-
-        async def attempt() -> Any:
-            if first:
-                raise first.pop()
-            answer = await self._exchange(lane, packed, args, on_cancel, on_late)
-            if isinstance(answer, redis_errors.ConnectionError | redis_errors.TimeoutError):
-                raise answer
-            return answer
-
-        async def failed(_error: Exception) -> None:
-            return None
-
-        return await lane.retry.call_with_retry(attempt, failed)
 
     async def _exchange(
         self,
